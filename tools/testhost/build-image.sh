@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Build (or reuse) the base image of simulated GPU test hosts: Debian 12 with systemd as PID 1.
+# No registry is reachable, so the root filesystem comes from debootstrap and is imported.
+# The image tag is a hash of this script: an unchanged script never rebuilds. A saved tarball in
+# .cache/images/ lets a wiped podman store reload the image in seconds instead of rebuilding it.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,numactl,ca-certificates,sudo,libnuma1,curl
+tag=$( (cat "$0"; echo "$packages") | sha256sum | cut -c1-12)
+image=localhost/inferops-testhost:$tag
+cache=$root/.cache/images
+tarball=$cache/inferops-testhost-$tag.tar
+
+if podman image exists "$image"; then
+  echo "test host image $image: present"
+elif [ -f "$tarball" ]; then
+  echo "test host image $image: loading $tarball"
+  podman load -q -i "$tarball" >/dev/null
+else
+  echo "test host image $image: building with debootstrap from $mirror"
+  mkdir -p "$cache/debs"
+  rootfs=$(mktemp -d "$cache/rootfs.XXXXXX")
+  trap 'rm -rf "$rootfs"' EXIT
+  debootstrap --variant=minbase --include="$packages" --cache-dir="$cache/debs" \
+    bookworm "$rootfs" "$mirror" >"$cache/debootstrap.log" 2>&1 \
+    || { tail -20 "$cache/debootstrap.log"; exit 1; }
+  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/archives/*.deb
+  : >"$rootfs/etc/machine-id"
+  # no getty on a container console; keep the journal small
+  rm -f "$rootfs"/etc/systemd/system/getty.target.wants/* 2>/dev/null || true
+  printf '[Journal]\nStorage=volatile\nRuntimeMaxUse=32M\n' >"$rootfs/etc/systemd/journald.conf"
+  tar -C "$rootfs" -c . | podman import -q \
+    --change 'CMD ["/sbin/init"]' --change 'ENV container=podman' \
+    --change 'STOPSIGNAL SIGRTMIN+3' - "$image" >/dev/null
+  podman save -q -o "$tarball.tmp" "$image" && mv "$tarball.tmp" "$tarball"
+fi
+podman tag "$image" localhost/inferops-testhost:latest
+echo "$image"
