@@ -1,0 +1,806 @@
+# -*- coding: utf-8 -*-
+# Apache License 2.0 (see LICENSE)
+"""Run and parse ``nvidia-smi``: the one place in the collection that does.
+
+Two layers:
+
+* pure parse functions (``parse_gpu_query``, ``parse_compute_apps``, ``parse_topo``,
+  ``parse_version``, ``parse_cpulist``, ``unit_from_cgroup``) take text and return data, or raise
+  :class:`NvidiaSmiParseError`; they never guess a number from text they do not understand;
+* :class:`NvidiaSmi`, a runner around ``module.run_command`` (always ``LC_ALL=C``) that turns
+  failed calls into :class:`NvidiaSmiError` with a message an operator can act on.
+
+Calls made (see ``NvidiaSmi``): ``gather_facts`` asks ``nvidia-smi`` 4 times (one
+``--query-gpu`` for every GPU field incl. the driver version, one ``--query-compute-apps``,
+one ``topo -m``, one ``--version`` for the CUDA version); a driver without ``--version`` costs one
+more call (the plain ``nvidia-smi`` table header), and a driver that lacks an optional query
+field one more (the query is retried without it). The footprint check needs 2 calls per reading.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+SYSFS_ROOT = "/sys"
+PROC_ROOT = "/proc"
+
+# nvidia-smi's messages and number formats are only stable in the C locale.
+NVIDIA_SMI_ENV = {"LC_ALL": "C", "LANG": "C", "LC_MESSAGES": "C"}
+
+# Directories searched besides PATH (container toolkit and WSL layouts).
+NVIDIA_SMI_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib"]
+
+GPU_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "memory.reserved",
+    "mig.mode.current",
+    "compute_mode",
+    "driver_version",
+)
+# Fields the query may be retried without when an older driver does not know them.
+OPTIONAL_GPU_FIELDS = ("name", "memory.reserved", "mig.mode.current", "compute_mode", "driver_version")
+REQUIRED_GPU_FIELDS = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used", "memory.free")
+
+APP_FIELDS = ("pid", "process_name", "gpu_uuid", "gpu_bus_id", "used_memory")
+
+QUERY_GPU_ARGS = ("--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv")
+QUERY_APPS_ARGS = ("--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv")
+TOPO_ARGS = ("topo", "-m")
+VERSION_ARGS = ("--version",)
+PLAIN_ARGS = ()
+
+
+class NvidiaSmiError(Exception):
+    """nvidia-smi could not be run or reported a failure; the message is for the operator."""
+
+
+class NvidiaSmiParseError(NvidiaSmiError):
+    """Output that does not have the expected shape (never guessed around)."""
+
+
+class NvidiaSmiUnknownFieldError(NvidiaSmiError):
+    """The driver does not know a ``--query-*`` field (nvidia-smi exit code 2)."""
+
+    def __init__(self, message, field):
+        super(NvidiaSmiUnknownFieldError, self).__init__(message)
+        self.field = field
+
+
+# --------------------------------------------------------------------------------------------
+# Values
+# --------------------------------------------------------------------------------------------
+
+_UNAVAILABLE = re.compile(r"^\[[A-Za-z][A-Za-z /_-]*\]$")
+_INT = re.compile(r"^[0-9]+$")
+_MIB = re.compile(r"^([0-9]+)(?: ?MiB)?$")
+_GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_MIG_UUID = re.compile(
+    r"^MIG-(?:GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}/[0-9]+/[0-9]+"
+    r"|[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})$"
+)
+_BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})\.([0-7])$")
+_VERSION = re.compile(r"^[0-9]+(?:\.[0-9]+)+$")
+_WORD = re.compile(r"^[A-Za-z][A-Za-z0-9_. -]*$")
+_CPULIST = re.compile(r"^[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*$")
+
+
+def is_unavailable(value):
+    """True for nvidia-smi's "no value" spellings: ``N/A``, ``[N/A]``, ``[Not Supported]``, ..."""
+    value = value.strip()
+    return value == "N/A" or bool(_UNAVAILABLE.match(value))
+
+
+def normalize_bus_id(bus_id):
+    """nvidia-smi's ``00000000:18:00.0`` -> sysfs's ``0000:18:00.0`` (lower case, 4-digit domain)."""
+    m = _BUS_ID.match(bus_id.strip()) if isinstance(bus_id, str) else None
+    if not m:
+        raise NvidiaSmiParseError("not a PCI bus id: %r" % (bus_id,))
+    domain, bus, dev, fn = m.groups()
+    return "%04x:%s:%s.%s" % (int(domain, 16), bus.lower(), dev.lower(), fn)
+
+
+def parse_cpulist(text):
+    """``0-31,64-95`` -> sorted CPU ids; ``N/A`` -> None; anything else raises."""
+    text = text.strip()
+    if is_unavailable(text):
+        return None
+    if not _CPULIST.match(text):
+        raise NvidiaSmiParseError("not a CPU list: %r" % (text,))
+    cpus = set()
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = (int(x) for x in part.split("-"))
+            if lo > hi:
+                raise NvidiaSmiParseError("CPU range runs backwards: %r" % (part,))
+            cpus.update(range(lo, hi + 1))
+        else:
+            cpus.add(int(part))
+    return sorted(cpus)
+
+
+def _conv_int(value):
+    if not _INT.match(value):
+        raise ValueError("not a whole number")
+    return int(value)
+
+
+def _conv_mib(value):
+    m = _MIB.match(value)
+    if not m:
+        raise ValueError("not a MiB amount")
+    return int(m.group(1))
+
+
+def _conv_gpu_uuid(value):
+    if not _GPU_UUID.match(value) and not _MIG_UUID.match(value):
+        raise ValueError("not a GPU UUID")
+    return value
+
+
+def _conv_bus_id(value):
+    if not _BUS_ID.match(value):
+        raise ValueError("not a PCI bus id")
+    return value
+
+
+def _conv_mode(value):
+    if value not in ("Enabled", "Disabled"):
+        raise ValueError("not Enabled/Disabled")
+    return value
+
+
+def _conv_word(value):
+    if not _WORD.match(value):
+        raise ValueError("not a mode name")
+    return value
+
+
+def _conv_version(value):
+    if not _VERSION.match(value):
+        raise ValueError("not a version")
+    return value
+
+
+def _conv_text(value):
+    if not value:
+        raise ValueError("empty")
+    return value
+
+
+# field -> (result key, converter, header names nvidia-smi may print, free text)
+_GPU_SPECS = {
+    "index": ("index", _conv_int, ("index",)),
+    "uuid": ("uuid", _conv_gpu_uuid, ("uuid", "gpu_uuid")),
+    "name": ("name", _conv_text, ("name", "gpu_name")),
+    "pci.bus_id": ("pci_bus_id", _conv_bus_id, ("pci.bus_id", "gpu_bus_id")),
+    "memory.total": ("memory_total_mib", _conv_mib, ("memory.total",)),
+    "memory.used": ("memory_used_mib", _conv_mib, ("memory.used",)),
+    "memory.free": ("memory_free_mib", _conv_mib, ("memory.free",)),
+    "memory.reserved": ("memory_reserved_mib", _conv_mib, ("memory.reserved",)),
+    "mig.mode.current": ("mig_mode", _conv_mode, ("mig.mode.current",)),
+    "compute_mode": ("compute_mode", _conv_word, ("compute_mode",)),
+    "driver_version": ("driver_version", _conv_version, ("driver_version",)),
+}
+_APP_SPECS = {
+    "pid": ("pid", _conv_int, ("pid",)),
+    "process_name": ("process_name", None, ("process_name", "name")),
+    "gpu_uuid": ("gpu_uuid", _conv_gpu_uuid, ("gpu_uuid", "uuid")),
+    "gpu_bus_id": ("gpu_bus_id", _conv_bus_id, ("gpu_bus_id", "pci.bus_id")),
+    "used_memory": ("used_mib", _conv_mib, ("used_memory", "used_gpu_memory")),
+}
+_MIB_FIELDS = ("memory.total", "memory.used", "memory.free", "memory.reserved", "used_memory")
+
+_HEADER_CELL = re.compile(r"^([A-Za-z_][A-Za-z0-9_.]*)(?: \[([^\]]*)\])?$")
+
+
+def _header_of(cells, specs):
+    """Map a header row to ``{field: (column, unit)}``; None if the row is not a header."""
+    parsed = []
+    for cell in cells:
+        m = _HEADER_CELL.match(cell)
+        if not m:
+            return None
+        parsed.append((m.group(1), m.group(2)))
+    known = {}
+    for field, spec in specs.items():
+        for col, (name, unit) in enumerate(parsed):
+            if name in spec[2]:
+                known[field] = (col, unit)
+                break
+    if not known:
+        return None
+    return known
+
+
+def _parse_csv(text, fields, specs, required, what, free_text=None):
+    """Parse ``--format=csv`` output with or without header and units into dicts.
+
+    With a header, columns are found by name (so extra columns are ignored and order does not
+    matter); without one, ``fields`` gives the columns in order. Every requested field that is
+    missing raises unless it is optional (then it is None). ``free_text`` names the one column that
+    may itself contain ", " (a process name); extra cells are folded back into it.
+    """
+    for field in fields:
+        if field not in specs:
+            raise NvidiaSmiParseError("unknown %s field %r" % (what, field))
+    lines = [line.rstrip("\r") for line in text.splitlines()]
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return []
+    first = [c.strip() for c in lines[0].split(",")]
+    header = _header_of(first, specs)
+    if header is not None:
+        ncols = len(first)
+        columns = {}
+        for field in fields:
+            if field in header:
+                col, unit = header[field]
+                if field in _MIB_FIELDS and unit not in (None, "MiB"):
+                    raise NvidiaSmiParseError(
+                        "%s: column %s is in %s, expected MiB" % (what, field, unit))
+                columns[field] = col
+            elif field in required:
+                raise NvidiaSmiParseError(
+                    "%s: header %r has no column %s" % (what, lines[0], field))
+        rows = lines[1:]
+    else:
+        ncols = len(fields)
+        columns = dict((field, i) for i, field in enumerate(fields))
+        rows = lines
+    free_col = columns.get(free_text) if free_text else None
+    result = []
+    for lineno, line in enumerate(rows, start=2 if header is not None else 1):
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) > ncols and free_col is not None:
+            extra = len(cells) - ncols
+            merged = ", ".join(cells[free_col:free_col + extra + 1])
+            cells = cells[:free_col] + [merged] + cells[free_col + extra + 1:]
+        if len(cells) != ncols:
+            raise NvidiaSmiParseError(
+                "%s: line %d has %d values, expected %d: %r" % (what, lineno, len(cells), ncols, line))
+        row = {}
+        for field, spec in specs.items():
+            key, conv = spec[0], spec[1]
+            if field not in columns:
+                if field in fields:
+                    row[key] = None
+                continue
+            value = cells[columns[field]]
+            if conv is None:
+                row[key] = value
+                continue
+            if is_unavailable(value):
+                if field in required:
+                    raise NvidiaSmiParseError(
+                        "%s: line %d: %s is %s: %r" % (what, lineno, field, value, line))
+                row[key] = None
+                continue
+            try:
+                row[key] = conv(value)
+            except ValueError as exc:
+                raise NvidiaSmiParseError(
+                    "%s: line %d: %s %r is %s: %r" % (what, lineno, field, value, exc, line))
+        result.append(row)
+    return result
+
+
+def parse_gpu_query(text, fields=GPU_FIELDS, required=REQUIRED_GPU_FIELDS):
+    """``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`` -> list of GPU dicts.
+
+    Keys follow the facts contract (``index``, ``uuid``, ``name``, ``pci_bus_id``,
+    ``memory_total_mib``, ``memory_used_mib``, ``memory_free_mib``, ``memory_reserved_mib``,
+    ``mig_mode``, ``compute_mode``, ``driver_version``); a field not asked for is absent, one
+    reported as N/A is None.
+    """
+    required = tuple(f for f in required if f in fields)
+    gpus = _parse_csv(text, fields, _GPU_SPECS, required, "nvidia-smi --query-gpu")
+    if not gpus:
+        raise NvidiaSmiParseError("nvidia-smi --query-gpu: no GPU rows in the output")
+    seen = set()
+    for gpu in gpus:
+        for key in ("index", "uuid", "pci_bus_id"):
+            if key in gpu and gpu[key] is not None:
+                if (key, gpu[key]) in seen:
+                    raise NvidiaSmiParseError(
+                        "nvidia-smi --query-gpu: %s %s appears twice" % (key, gpu[key]))
+                seen.add((key, gpu[key]))
+    return gpus
+
+
+def parse_compute_apps(text, fields=APP_FIELDS):
+    """``nvidia-smi --query-compute-apps=<fields> --format=csv[...]`` -> list of process dicts.
+
+    Keys: ``pid``, ``process_name``, ``gpu_uuid``, ``gpu_bus_id``, ``used_mib`` (None when the
+    driver reports N/A, e.g. under MIG). No processes (header only, or nothing) -> [].
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) == 1 and lines[0].strip() == "No running processes found":
+        return []
+    required = tuple(f for f in ("pid", "gpu_uuid", "gpu_bus_id") if f in fields)
+    return _parse_csv(text, fields, _APP_SPECS, required, "nvidia-smi --query-compute-apps",
+                      free_text="process_name")
+
+
+# --------------------------------------------------------------------------------------------
+# topo -m
+# --------------------------------------------------------------------------------------------
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_LINK = re.compile(r"^(?:X|NV[0-9]+|[A-Z][A-Z0-9]{1,7})$")
+_DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_:.-]*$")
+_GPU_LABEL = re.compile(r"^GPU([0-9]+)$")
+_LEGEND_LINE = re.compile(r"^\s*(\S+)\s*=\s*(.+?)\s*$")
+_NIC_LEGEND_LINE = re.compile(r"^\s*(\S+):\s*(\S+)\s*$")
+
+
+def strip_ansi(text):
+    return _ANSI.sub("", text)
+
+
+def _numa_value(value, what):
+    if is_unavailable(value):
+        return None
+    if _INT.match(value):
+        return int(value)
+    if _CPULIST.match(value):
+        # Affine to several nodes ("0-1"): no single node to report.
+        return None
+    raise NvidiaSmiParseError("nvidia-smi topo -m: %s %r is not a NUMA node" % (what, value))
+
+
+def parse_topo(text):
+    """``nvidia-smi topo -m`` -> dict.
+
+    Returns ``{"gpus": {index: {"links": {other index: link}, "nics": {nic: link},
+    "cpu_affinity": [cpu ids] | None, "numa_node": int | None, "gpu_numa_id": int | None}},
+    "devices": [column labels], "legend": {token: meaning}, "nics": {NICn: name}}``.
+    Tabs separate cells; the header carries ANSI escapes; value cells after the link matrix may
+    be padded with empty cells (seen: ``0\\t\\tN/A``). Link tokens are checked (``X``, ``NV#``,
+    ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS`` and other upper-case words) and the diagonal must
+    be ``X``.
+    """
+    lines = [strip_ansi(line).rstrip("\r\n") for line in text.splitlines()]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if not lines:
+        raise NvidiaSmiParseError("nvidia-smi topo -m: empty output")
+    head = lines[0]
+    if "\t" not in head:
+        raise NvidiaSmiParseError("nvidia-smi topo -m: header has no tab-separated columns: %r" % head)
+    columns = [c.strip() for c in head.split("\t")]
+    if columns[0]:
+        raise NvidiaSmiParseError("nvidia-smi topo -m: header does not start with a tab: %r" % head)
+    columns = [c for c in columns[1:] if c]
+    devices = []
+    trailing = []
+    for col in columns:
+        if col in _TRAILING_COLUMNS:
+            trailing.append(col)
+        elif trailing:
+            raise NvidiaSmiParseError("nvidia-smi topo -m: device column %r after %r" % (col, trailing[-1]))
+        elif _DEVICE.match(col):
+            devices.append(col)
+        else:
+            raise NvidiaSmiParseError("nvidia-smi topo -m: unexpected column %r" % col)
+    if not any(_GPU_LABEL.match(d) for d in devices):
+        raise NvidiaSmiParseError("nvidia-smi topo -m: no GPU columns in header %r" % head)
+    if len(set(devices)) != len(devices):
+        raise NvidiaSmiParseError("nvidia-smi topo -m: repeated device column in %r" % head)
+
+    ndev = len(devices)
+    rows = {}
+    rest = lines[1:]
+    i = 0
+    while i < len(rest) and rest[i].strip():
+        line = rest[i]
+        i += 1
+        cells = line.split("\t")
+        label = cells[0].strip()
+        if label not in devices:
+            raise NvidiaSmiParseError("nvidia-smi topo -m: row for unknown device %r: %r" % (label, line))
+        if label in rows:
+            raise NvidiaSmiParseError("nvidia-smi topo -m: second row for %s" % label)
+        links = [c.strip() for c in cells[1:1 + ndev]]
+        if len(links) != ndev:
+            raise NvidiaSmiParseError(
+                "nvidia-smi topo -m: row %s has %d links, expected %d: %r" % (label, len(links), ndev, line))
+        for link in links:
+            if not _LINK.match(link):
+                raise NvidiaSmiParseError("nvidia-smi topo -m: %r is not a link type (row %s)" % (link, label))
+        if links[devices.index(label)] != "X":
+            raise NvidiaSmiParseError("nvidia-smi topo -m: row %s does not link to itself with X" % label)
+        values = [c.strip() for c in cells[1 + ndev:]]
+        values = [v for v in values if v]
+        rows[label] = (links, values, line)
+
+    legend = {}
+    nic_names = {}
+    section = None
+    for line in rest[i:]:
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped == "Legend:":
+            section = "legend"
+            continue
+        if stripped == "NIC Legend:":
+            section = "nic"
+            continue
+        if section == "legend":
+            m = _LEGEND_LINE.match(line)
+            if m:
+                legend[m.group(1)] = m.group(2)
+                continue
+        if section == "nic":
+            m = _NIC_LEGEND_LINE.match(line)
+            if m:
+                nic_names[m.group(1)] = m.group(2)
+                continue
+        # Unknown trailing prose (newer drivers add notes): keep going, it carries no numbers we use.
+
+    gpus = {}
+    for label in devices:
+        m = _GPU_LABEL.match(label)
+        if not m:
+            continue
+        if label not in rows:
+            raise NvidiaSmiParseError("nvidia-smi topo -m: no row for %s" % label)
+        links, values, line = rows[label]
+        if len(values) != len(trailing):
+            raise NvidiaSmiParseError(
+                "nvidia-smi topo -m: row %s has %d values for %d columns (%s): %r"
+                % (label, len(values), len(trailing), ", ".join(trailing), line))
+        by_col = dict(zip(trailing, values))
+        entry = {"links": {}, "nics": {}, "cpu_affinity": None, "numa_node": None, "gpu_numa_id": None}
+        for other, link in zip(devices, links):
+            if other == label:
+                continue
+            om = _GPU_LABEL.match(other)
+            if om:
+                entry["links"][int(om.group(1))] = link
+            else:
+                entry["nics"][other] = link
+        if "CPU Affinity" in by_col:
+            try:
+                entry["cpu_affinity"] = parse_cpulist(by_col["CPU Affinity"])
+            except NvidiaSmiParseError as exc:
+                raise NvidiaSmiParseError("nvidia-smi topo -m: row %s: %s" % (label, exc))
+        if "NUMA Affinity" in by_col:
+            entry["numa_node"] = _numa_value(by_col["NUMA Affinity"], "NUMA Affinity")
+        if "GPU NUMA ID" in by_col:
+            entry["gpu_numa_id"] = _numa_value(by_col["GPU NUMA ID"], "GPU NUMA ID")
+        gpus[int(m.group(1))] = entry
+    return {"gpus": gpus, "devices": devices, "legend": legend, "nics": nic_names}
+
+
+# --------------------------------------------------------------------------------------------
+# Driver and CUDA versions
+# --------------------------------------------------------------------------------------------
+
+_TABLE_VERSIONS = re.compile(r"Driver Version:\s*(\S+)\s+CUDA Version:\s*(\S+)")
+_KV_LINE = re.compile(r"^\s*([A-Za-z -]+?)\s*:\s*(\S+)\s*$")
+
+
+def _cuda(value):
+    if is_unavailable(value):
+        return None
+    if not re.match(r"^[0-9]+\.[0-9]+$", value):
+        raise NvidiaSmiParseError("CUDA version %r is not MAJOR.MINOR" % value)
+    return value
+
+
+def parse_version(text):
+    """``nvidia-smi --version`` or the plain ``nvidia-smi`` table -> driver and CUDA versions.
+
+    ``--version`` prints ``DRIVER version : 580.159.04`` / ``CUDA Version : 13.0`` lines; the
+    table header holds ``Driver Version: 580.159.04     CUDA Version: 13.0``.
+    Returns ``{"driver_version": str, "cuda_version": str | None}``.
+    """
+    m = _TABLE_VERSIONS.search(text)
+    if m:
+        driver, cuda = m.group(1), m.group(2)
+    else:
+        found = {}
+        for line in text.splitlines():
+            km = _KV_LINE.match(line)
+            if km:
+                found[km.group(1).strip().lower()] = km.group(2)
+        if "driver version" not in found or "cuda version" not in found:
+            raise NvidiaSmiParseError("no driver and CUDA version in nvidia-smi output: %r" % text[:200])
+        driver, cuda = found["driver version"], found["cuda version"]
+    if not _VERSION.match(driver):
+        raise NvidiaSmiParseError("driver version %r is not a version" % driver)
+    return {"driver_version": driver, "cuda_version": _cuda(cuda)}
+
+
+# --------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------
+
+_UNKNOWN_FIELD = re.compile(r'Field "([^"]+)" is not a valid field to query')
+
+
+def error_from_output(cmd, rc, out, err):
+    """Turn a failed (or NVML-failing) nvidia-smi call into an NvidiaSmiError with advice."""
+    text = "\n".join(part.strip() for part in (out or "", err or "") if part and part.strip())
+    shown = " ".join(cmd)
+    first = text.splitlines()[0] if text else "(no output)"
+    if "Driver/library version mismatch" in text:
+        return NvidiaSmiError(
+            "nvidia-smi could not initialize NVML: Driver/library version mismatch (exit %s). The "
+            "running kernel module is not the one the installed driver libraries belong to, which "
+            "happens after a driver update: a reboot (or reloading the nvidia kernel modules) is "
+            "likely needed. Output: %s" % (rc, text))
+    if "No devices were found" in text:
+        return NvidiaSmiError(
+            "nvidia-smi found no NVIDIA GPU ('No devices were found', exit %s): check that the GPUs "
+            "are visible (lspci), the driver is loaded and, in a container or VM, passed through."
+            % rc)
+    if "couldn't communicate with the NVIDIA driver" in text:
+        return NvidiaSmiError(
+            "nvidia-smi could not talk to the NVIDIA driver (exit %s): the kernel module is not "
+            "loaded or the driver is not installed. Output: %s" % (rc, first))
+    m = _UNKNOWN_FIELD.search(text)
+    if m:
+        return NvidiaSmiUnknownFieldError(
+            "nvidia-smi does not know the query field %r (exit %s); the driver is older than this "
+            "module expects. Command: %s" % (m.group(1), rc, shown), m.group(1))
+    if "Failed to initialize NVML" in text:
+        return NvidiaSmiError("nvidia-smi could not initialize NVML (exit %s): %s" % (rc, text))
+    if "Insufficient Permissions" in text:
+        return NvidiaSmiError("nvidia-smi lacks permissions (exit %s): %s" % (rc, text))
+    return NvidiaSmiError("`%s` failed with exit code %s: %s" % (shown, rc, text or "(no output)"))
+
+
+# --------------------------------------------------------------------------------------------
+# sysfs and procfs
+# --------------------------------------------------------------------------------------------
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (IOError, OSError, UnicodeDecodeError):
+        return None
+
+
+def sysfs_numa_node(bus_id, sysfs_root=None):
+    """``/sys/bus/pci/devices/<bus>/numa_node``: the node, or None (-1, missing, unreadable)."""
+    root = sysfs_root if sysfs_root is not None else SYSFS_ROOT
+    text = _read(os.path.join(root, "bus", "pci", "devices", normalize_bus_id(bus_id), "numa_node"))
+    if text is None:
+        return None
+    text = text.strip()
+    if not re.match(r"^-?[0-9]+$", text):
+        return None
+    node = int(text)
+    return node if node >= 0 else None
+
+
+def sysfs_local_cpulist(bus_id, sysfs_root=None):
+    """``/sys/bus/pci/devices/<bus>/local_cpulist`` as sorted CPU ids; [] when unknown."""
+    root = sysfs_root if sysfs_root is not None else SYSFS_ROOT
+    text = _read(os.path.join(root, "bus", "pci", "devices", normalize_bus_id(bus_id), "local_cpulist"))
+    if text is None:
+        return []
+    try:
+        return parse_cpulist(text) or []
+    except NvidiaSmiParseError:
+        return []
+
+
+def unit_from_cgroup(text):
+    """Contents of ``/proc/<pid>/cgroup`` -> the systemd service unit, or None.
+
+    Works for cgroup v2 (``0::/system.slice/vllm-chat.service``), v1 and hybrid (the unified
+    ``0::`` line first, then ``name=systemd``, then any controller). The innermost ``*.service``
+    path component wins, so user services (``user@1000.service/app.slice/x.service``) and
+    delegated sub-groups (``x.service/payload``) resolve to the service; scopes (sessions,
+    containers) alone give None.
+    """
+    unified, named, others = [], [], []
+    for line in text.splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        hier, controllers, path = parts
+        if hier == "0" and controllers == "":
+            unified.append(path)
+        elif "name=systemd" in controllers.split(","):
+            named.append(path)
+        else:
+            others.append(path)
+    for path in unified + named + others:
+        services = [c for c in path.split("/") if c.endswith(".service") and len(c) > len(".service")]
+        if services:
+            return services[-1]
+    return None
+
+
+def pid_unit(pid, proc_root=None):
+    """The systemd service unit of a process (from ``/proc/<pid>/cgroup``), or None."""
+    root = proc_root if proc_root is not None else PROC_ROOT
+    text = _read(os.path.join(root, str(int(pid)), "cgroup"))
+    if text is None:
+        return None
+    return unit_from_cgroup(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Runner
+# --------------------------------------------------------------------------------------------
+
+def find_nvidia_smi(module, path=None):
+    """Path of the nvidia-smi binary, or raise NvidiaSmiError saying why there is none."""
+    if path:
+        if not os.path.isfile(path):
+            raise NvidiaSmiError("nvidia-smi not found at %s" % path)
+        if not os.access(path, os.X_OK):
+            raise NvidiaSmiError("%s is not executable" % path)
+        return path
+    found = module.get_bin_path("nvidia-smi", required=False, opt_dirs=NVIDIA_SMI_DIRS)
+    if not found:
+        raise NvidiaSmiError(
+            "nvidia-smi not found on PATH or in %s: is the NVIDIA driver installed? Set the "
+            "nvidia_smi option to its path if it lives elsewhere." % ", ".join(NVIDIA_SMI_DIRS))
+    return found
+
+
+class NvidiaSmi(object):
+    """Runs nvidia-smi through ``module.run_command`` and returns parsed data.
+
+    ``calls`` records every command run (with exit code and seconds) so modules can report them.
+    """
+
+    def __init__(self, module, path, sysfs_root=None, proc_root=None):
+        self.module = module
+        self.path = path
+        self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
+        self.calls = []
+        self.warnings = []
+
+    def run(self, args, check=True):
+        cmd = [self.path] + list(args)
+        start = time.time()
+        rc, out, err = self.module.run_command(cmd, environ_update=dict(NVIDIA_SMI_ENV))
+        self.calls.append({"command": " ".join(cmd), "rc": rc, "seconds": round(time.time() - start, 3)})
+        if rc != 0 or "Failed to initialize NVML" in (out or ""):
+            if check:
+                raise error_from_output(cmd, rc, out, err)
+        return rc, out or "", err or ""
+
+    def query_gpus(self):
+        fields = list(GPU_FIELDS)
+        while True:
+            args = ("--query-gpu=" + ",".join(fields), "--format=csv")
+            try:
+                _rc, out, _err = self.run(args)
+            except NvidiaSmiUnknownFieldError as exc:
+                if exc.field in fields and exc.field in OPTIONAL_GPU_FIELDS:
+                    fields.remove(exc.field)
+                    continue
+                raise
+            gpus = parse_gpu_query(out, fields=tuple(fields))
+            for gpu in gpus:
+                for field in GPU_FIELDS:
+                    gpu.setdefault(_GPU_SPECS[field][0], None)
+            return gpus
+
+    def query_compute_apps(self):
+        _rc, out, _err = self.run(QUERY_APPS_ARGS)
+        return parse_compute_apps(out)
+
+    def topology(self):
+        """Parsed ``topo -m``, or None when this host's nvidia-smi cannot print one."""
+        rc, out, err = self.run(TOPO_ARGS, check=False)
+        if rc != 0:
+            text = (out.strip() or err.strip() or "(no output)").splitlines()[0]
+            self.warnings.append(
+                "nvidia-smi topo -m failed (exit %s: %s): no GPU links; NUMA node and CPU affinity "
+                "come from sysfs" % (rc, text))
+            return None
+        return parse_topo(out)
+
+    def versions(self):
+        """Driver and CUDA versions: ``--version``, else the plain table's header."""
+        rc, out, _err = self.run(VERSION_ARGS, check=False)
+        if rc == 0:
+            try:
+                return parse_version(out)
+            except NvidiaSmiParseError:
+                pass
+        _rc, out, _err = self.run(PLAIN_ARGS)
+        return parse_version(out)
+
+    def processes(self, gpus, apps=None):
+        """Compute processes with their GPU index and systemd unit (facts contract)."""
+        if apps is None:
+            apps = self.query_compute_apps()
+        return attach_processes(gpus, apps, self.proc_root)
+
+
+def attach_processes(gpus, apps, proc_root=None):
+    by_uuid = dict((g["uuid"], g["index"]) for g in gpus)
+    by_bus = dict((normalize_bus_id(g["pci_bus_id"]), g["index"]) for g in gpus)
+    result = []
+    for app in apps:
+        index = by_uuid.get(app.get("gpu_uuid"))
+        if index is None and app.get("gpu_bus_id"):
+            index = by_bus.get(normalize_bus_id(app["gpu_bus_id"]))
+        result.append({
+            "pid": app["pid"],
+            "process_name": app.get("process_name") or "",
+            "gpu_uuid": app.get("gpu_uuid"),
+            "gpu_index": index,
+            "used_mib": app.get("used_mib"),
+            "unit": pid_unit(app["pid"], proc_root),
+        })
+    return result
+
+
+def build_facts(gpus, apps, topo, versions, sysfs_root=None, proc_root=None):
+    """Assemble ``gpus``, ``gpu_links``, ``gpu_driver`` and ``gpu_processes`` (facts contract)."""
+    topo_gpus = topo["gpus"] if topo else {}
+    facts_gpus = []
+    for gpu in gpus:
+        t = topo_gpus.get(gpu["index"], {})
+        numa = t.get("numa_node")
+        if numa is None:
+            numa = sysfs_numa_node(gpu["pci_bus_id"], sysfs_root)
+        cpus = t.get("cpu_affinity")
+        if cpus is None:
+            cpus = sysfs_local_cpulist(gpu["pci_bus_id"], sysfs_root)
+        facts_gpus.append({
+            "index": gpu["index"],
+            "uuid": gpu["uuid"],
+            "name": gpu.get("name"),
+            "pci_bus_id": gpu["pci_bus_id"],
+            "memory_total_mib": gpu["memory_total_mib"],
+            "memory_used_mib": gpu["memory_used_mib"],
+            "memory_free_mib": gpu["memory_free_mib"],
+            "memory_reserved_mib": gpu.get("memory_reserved_mib"),
+            "mig_mode": gpu.get("mig_mode"),
+            "numa_node": numa,
+            "cpu_affinity": list(cpus),
+            "compute_mode": gpu.get("compute_mode"),
+        })
+    indices = [g["index"] for g in gpus]
+    links = {}
+    if len(indices) > 1:
+        for i in indices:
+            row = topo_gpus.get(i, {}).get("links", {})
+            links[str(i)] = dict((str(j), row[j]) for j in indices if j != i and j in row)
+        if not any(links.values()):
+            links = {}
+    driver = None
+    for gpu in gpus:
+        if gpu.get("driver_version"):
+            driver = gpu["driver_version"]
+            break
+    if versions and versions.get("driver_version"):
+        driver = driver or versions["driver_version"]
+    return {
+        "gpus": facts_gpus,
+        "gpu_links": links,
+        "gpu_driver": {"driver_version": driver, "cuda_version": (versions or {}).get("cuda_version")},
+        "gpu_processes": attach_processes(gpus, apps, proc_root),
+    }
+
+
+def gather_facts(smi):
+    """All four facts in 4 nvidia-smi calls (see module docstring)."""
+    gpus = smi.query_gpus()
+    apps = smi.query_compute_apps()
+    topo = smi.topology()
+    versions = smi.versions()
+    return build_facts(gpus, apps, topo, versions, smi.sysfs_root, smi.proc_root)

@@ -1,0 +1,493 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_footprint
+short_description: Fail when GPU memory use differs from what the placement expects
+version_added: 0.1.0
+description:
+  - Reads the memory in use on every GPU and the processes holding it (C(nvidia-smi
+    --query-gpu) and C(--query-compute-apps), 2 calls per reading, with C(LC_ALL=C)), compares
+    it with O(expected), and fails with one message that names every deviating GPU, what it uses,
+    the range it should be in, the expectation (instance) it belongs to and who holds its memory
+    (pid, process name, systemd unit).
+  - Catches a model that did not load (or only partly), stray processes on GPUs that should be
+    idle, memory on the wrong GPUs and, with O(expected[].unit), memory held by another instance
+    or by a process outside the instance's systemd unit.
+  - GPUs not named in O(expected) must use at most O(idle_max_mib), unless O(idle_gpus=ignore).
+  - Read-only; runs the same in check mode.
+options:
+  expected:
+    description:
+      - What each instance should hold, one entry per instance. The placement plan (filter
+        C(inferops.vllm.gpu_plan)) emits exactly these entries.
+      - Each GPU named in an entry must use the entry's amount within its tolerance.
+      - An empty list means every GPU must be idle (see O(idle_gpus)).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description:
+          - Name used in messages (the instance name). Defaults to O(expected[].unit), else
+            C(expected[N]).
+        type: str
+      gpus:
+        description:
+          - The GPUs of this instance, each as index (C(0)), UUID (C(GPU-...)) or PCI bus id
+            (C(00000000:18:00.0) or C(0000:18:00.0)).
+        type: list
+        elements: raw
+        required: true
+      used_mib:
+        description:
+          - Expected memory use per GPU in MiB, as C(nvidia-smi) counts it (it includes the CUDA
+            context, about 600 MiB on an H200).
+          - Give exactly one of O(expected[].used_mib) and O(expected[].used_fraction).
+        type: int
+      used_fraction:
+        description:
+          - Expected memory use per GPU as a fraction (0-1] of the memory CUDA sees on that GPU,
+            that is C(memory.total - memory.reserved) - the base vLLM's
+            C(--gpu-memory-utilization) is applied to. A running vLLM sits at its
+            C(gpu_memory_utilization) within about a GiB.
+          - Give exactly one of O(expected[].used_mib) and O(expected[].used_fraction).
+        type: float
+      tolerance_mib:
+        description:
+          - Allowed difference from the expected amount, in MiB, either way.
+          - Default 1024 MiB when neither O(expected[].tolerance_mib) nor
+            O(expected[].tolerance_pct) is set.
+        type: int
+      tolerance_pct:
+        description:
+          - Allowed difference as a percentage (0-100) of the expected amount, either way.
+          - Mutually exclusive with O(expected[].tolerance_mib).
+        type: float
+      unit:
+        description:
+          - The systemd unit that must own every process holding memory on these GPUs
+            (C(vllm-<instance>.service); a name without a dot gets C(.service) appended).
+          - Processes of another unit, or in no unit, on these GPUs are reported as deviations.
+        type: str
+  idle_max_mib:
+    description:
+      - Most memory, in MiB, a GPU not named in O(expected) may use.
+      - 256 sits above what an idle GPU shows (0 MiB on an H200, 3 MiB on an RTX PRO 6000, tens
+        of MiB with a display server) and below the smallest CUDA context (about 600 MiB
+        measured on an H200), so any process that opened a CUDA context is caught.
+    type: int
+    default: 256
+  idle_gpus:
+    description:
+      - C(must_be_idle) checks GPUs not named in O(expected) against O(idle_max_mib).
+      - C(ignore) skips them, for hosts whose other GPUs belong to someone else.
+    type: str
+    choices: [must_be_idle, ignore]
+    default: must_be_idle
+  allow_shared_gpus:
+    description:
+      - Allow one GPU to be named by several entries of O(expected) (instances meant to share
+        it). Their amounts and tolerances are then added up, and each entry's unit may own
+        memory there.
+      - When false, a GPU named twice is an error in O(expected).
+    type: bool
+    default: false
+  wait_timeout:
+    description:
+      - Seconds to keep reading until the footprint holds (weights load progressively, the KV
+        cache comes last). 0 reads once. On timeout the last reading is reported.
+    type: int
+    default: 0
+  poll_interval:
+    description: Seconds between readings while waiting.
+    type: float
+    default: 5
+  nvidia_smi:
+    description:
+      - Path of the C(nvidia-smi) binary; by default looked up on C(PATH) and in the usual
+        driver directories.
+    type: path
+    required: false
+notes:
+  - Clear failures, never tracebacks, for - C(nvidia-smi) missing; NVML errors (for
+    C(Driver/library version mismatch) a reboot is likely needed); no GPU found; an expected GPU
+    that does not exist; MIG mode enabled on an expected GPU (memory is per MIG instance there);
+    both or neither of O(expected[].used_mib) and O(expected[].used_fraction); output that
+    cannot be parsed.
+seealso:
+  - module: inferops.vllm.gpu_facts
+author: inferops maintainers
+"""
+
+EXAMPLES = r"""
+- name: A TP=4 vLLM at gpu_memory_utilization 0.9 on GPUs 0-3, GPUs 4-7 idle
+  inferops.vllm.gpu_footprint:
+    expected:
+      - name: chat
+        gpus: [0, 1, 2, 3]
+        used_fraction: 0.9
+        unit: vllm-chat.service
+    wait_timeout: 600
+    poll_interval: 10
+
+- name: Before starting, the target GPUs must be idle (other GPUs are someone else's)
+  inferops.vllm.gpu_footprint:
+    expected: []
+    idle_gpus: must_be_idle
+
+- name: Check what the placement plan expects on this host
+  inferops.vllm.gpu_footprint:
+    expected: "{{ vllm_plan.hosts[inventory_hostname].expected }}"
+
+- name: Two small instances sharing GPU 0
+  inferops.vllm.gpu_footprint:
+    allow_shared_gpus: true
+    expected:
+      - {name: embed, gpus: [0], used_fraction: 0.3, unit: vllm-embed.service}
+      - {name: rerank, gpus: [0], used_fraction: 0.3, unit: vllm-rerank.service}
+"""
+
+RETURN = r"""
+gpus:
+  description:
+    - One entry per GPU of the last reading, in PCI order.
+    - C(expectation) is the expectation's name (names joined with C( + ) for shared GPUs), or
+      C(idle). C(expected_min_mib)/C(expected_max_mib) is the allowed range (max null for an
+      ignored idle GPU); C(checked) is false for GPUs skipped by O(idle_gpus=ignore).
+    - C(processes) lists the compute processes on the GPU with C(pid), C(name), C(unit) (systemd
+      unit or null) and C(used_mib) (null under MIG).
+  returned: always, once the GPUs could be read
+  type: list
+  elements: dict
+  sample:
+    - index: 0
+      uuid: GPU-84ea54cb-4767-0e6a-8104-87422151c222
+      used_mib: 21099
+      total_mib: 143771
+      expected_mib: 20480
+      expected_min_mib: 19456
+      expected_max_mib: 21504
+      expectation: torch
+      checked: true
+      ok: true
+      processes:
+        - pid: 495
+          name: python3
+          unit: null
+          used_mib: 21090
+deviations:
+  description: One sentence per deviating GPU (empty when the footprint holds).
+  returned: always
+  type: list
+  elements: str
+  sample:
+    - >-
+      GPU 5 (GPU-91e2055f-aa6b-4bfb-9224-510c32505394) should be idle: uses 20993 MiB, more than
+      the idle limit of 256 MiB; held by pid 51234 (python3, no systemd unit, 20986 MiB).
+polls:
+  description: Number of readings taken.
+  returned: always
+  type: int
+  sample: 1
+nvidia_smi_calls:
+  description: The C(nvidia-smi) commands run, with exit code and duration in seconds.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - command: nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,gpu_bus_id,used_memory --format=csv
+      rc: 0
+      seconds: 0.035
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
+    NvidiaSmi,
+    NvidiaSmiError,
+    attach_processes,
+    find_nvidia_smi,
+    normalize_bus_id,
+)
+
+# The steady-state footprint of a vLLM is gpu_memory_utilization x total "within about a GiB"
+# (CUDA graphs, NCCL buffers); a torch process holding 20 GiB showed 619 MiB on top (context).
+DEFAULT_TOLERANCE_MIB = 1024
+# Idle GPUs show 0-3 MiB (real H200 / RTX PRO 6000); one CUDA context is ~600 MiB (H200).
+DEFAULT_IDLE_MAX_MIB = 256
+
+_now = time.monotonic
+_sleep = time.sleep
+
+
+class FootprintError(Exception):
+    """The expectation cannot be checked on this host (bad option, unknown GPU, MIG)."""
+
+
+def usable_mib(gpu):
+    """The memory CUDA (and so vLLM's gpu_memory_utilization) counts as the GPU's total."""
+    total = gpu.get("memory_total_mib")
+    if total is None:
+        return None
+    reserved = gpu.get("memory_reserved_mib")
+    return total - reserved if reserved is not None else total
+
+
+def _gpu_list(gpus):
+    return ", ".join("%d (%s)" % (g["index"], g["uuid"]) for g in gpus)
+
+
+def resolve_gpu(ref, gpus, where):
+    """An index / UUID / bus id from the options -> the GPU dict, or FootprintError."""
+    if isinstance(ref, bool) or ref is None or isinstance(ref, (list, dict, float)):
+        raise FootprintError("%s: %r is not a GPU index, UUID or PCI bus id" % (where, ref))
+    text = str(ref).strip()
+    match = None
+    if isinstance(ref, int) or text.isdigit():
+        match = [g for g in gpus if g["index"] == int(text)]
+    elif text.upper().startswith("MIG-"):
+        raise FootprintError("%s: %s is a MIG device; MIG instances are not supported" % (where, text))
+    elif text.upper().startswith("GPU-"):
+        match = [g for g in gpus if g["uuid"].lower() == text.lower()]
+    else:
+        try:
+            bus = normalize_bus_id(text)
+        except NvidiaSmiError:
+            raise FootprintError("%s: %r is not a GPU index, UUID or PCI bus id" % (where, ref))
+        match = [g for g in gpus if normalize_bus_id(g["pci_bus_id"]) == bus]
+    if not match:
+        raise FootprintError(
+            "%s names GPU %s, which this host does not have (GPUs: %s)" % (where, text, _gpu_list(gpus)))
+    return match[0]
+
+
+def _unit_name(unit):
+    unit = unit.strip()
+    return unit if "." in unit else unit + ".service"
+
+
+def plan_expectations(expected, gpus, allow_shared=False):
+    """Validate ``expected`` against the GPUs -> {index: merged expectation}."""
+    per_gpu = {}
+    for i, entry in enumerate(expected or []):
+        if not isinstance(entry, dict):
+            raise FootprintError("expected[%d] is not a dict: %r" % (i, entry))
+        unit = _unit_name(entry["unit"]) if entry.get("unit") else None
+        name = entry.get("name") or unit or "expected[%d]" % i
+        where = "expected[%d] (%s)" % (i, name)
+        used_mib, fraction = entry.get("used_mib"), entry.get("used_fraction")
+        if (used_mib is None) == (fraction is None):
+            raise FootprintError(
+                "%s: give exactly one of used_mib and used_fraction (%s)"
+                % (where, "both are set" if used_mib is not None else "neither is set"))
+        if used_mib is not None and used_mib < 0:
+            raise FootprintError("%s: used_mib must not be negative (%s)" % (where, used_mib))
+        if fraction is not None and not 0 < fraction <= 1:
+            raise FootprintError("%s: used_fraction must be in (0, 1], got %s" % (where, fraction))
+        tol_mib, tol_pct = entry.get("tolerance_mib"), entry.get("tolerance_pct")
+        if tol_mib is not None and tol_pct is not None:
+            raise FootprintError("%s: give at most one of tolerance_mib and tolerance_pct" % where)
+        if tol_mib is not None and tol_mib < 0:
+            raise FootprintError("%s: tolerance_mib must not be negative (%s)" % (where, tol_mib))
+        if tol_pct is not None and not 0 <= tol_pct <= 100:
+            raise FootprintError("%s: tolerance_pct must be in [0, 100], got %s" % (where, tol_pct))
+        refs = entry.get("gpus") or []
+        if not refs:
+            raise FootprintError("%s: gpus is empty" % where)
+        seen = set()
+        for ref in refs:
+            gpu = resolve_gpu(ref, gpus, where)
+            if gpu["index"] in seen:
+                raise FootprintError("%s names GPU %d twice" % (where, gpu["index"]))
+            seen.add(gpu["index"])
+            if gpu.get("mig_mode") == "Enabled":
+                raise FootprintError(
+                    "%s names GPU %d (%s), which has MIG mode enabled: its memory is split into MIG "
+                    "instances that this check does not measure. Disable MIG on it or leave it out "
+                    "of expected." % (where, gpu["index"], gpu["uuid"]))
+            if used_mib is not None:
+                amount = used_mib
+            else:
+                base = usable_mib(gpu)
+                if base is None:
+                    raise FootprintError(
+                        "%s: GPU %d reports no total memory, so used_fraction cannot be applied"
+                        % (where, gpu["index"]))
+                amount = int(fraction * base + 0.5)
+            if tol_mib is not None:
+                tolerance = tol_mib
+            elif tol_pct is not None:
+                tolerance = int(amount * tol_pct / 100.0 + 0.5)
+            else:
+                tolerance = DEFAULT_TOLERANCE_MIB
+            per_gpu.setdefault(gpu["index"], []).append(
+                {"name": name, "expected_mib": amount, "tolerance_mib": tolerance, "unit": unit})
+    plan = {}
+    for index, parts in per_gpu.items():
+        if len(parts) > 1 and not allow_shared:
+            raise FootprintError(
+                "GPU %d is named by %s; set allow_shared_gpus: true if these instances are meant to "
+                "share it (their amounts are then added up)"
+                % (index, " and ".join("'%s'" % p["name"] for p in parts)))
+        units = [p["unit"] for p in parts]
+        plan[index] = {
+            "names": [p["name"] for p in parts],
+            "expected_mib": sum(p["expected_mib"] for p in parts),
+            "tolerance_mib": sum(p["tolerance_mib"] for p in parts),
+            "units": sorted(set(units)) if all(units) else None,
+        }
+    return plan
+
+
+def _holder(proc, unit_owner):
+    if proc["unit"]:
+        owner = unit_owner.get(proc["unit"])
+        unit = "unit %s%s" % (proc["unit"], " of '%s'" % owner if owner else "")
+    else:
+        unit = "no systemd unit"
+    used = "%d MiB" % proc["used_mib"] if proc["used_mib"] is not None else "memory not reported"
+    return "pid %d (%s, %s, %s)" % (proc["pid"], proc["name"] or "?", unit, used)
+
+
+def _holders(procs, unit_owner):
+    if not procs:
+        return "no compute process holds memory on it"
+    return "held by " + ", ".join(_holder(p, unit_owner) for p in procs)
+
+
+def evaluate(gpus, processes, plan, idle_max_mib=DEFAULT_IDLE_MAX_MIB, idle_gpus="must_be_idle"):
+    """Compare a reading with the plan -> (per-GPU results, deviation sentences)."""
+    unit_owner = {}
+    for entry in plan.values():
+        for unit in entry["units"] or []:
+            unit_owner.setdefault(unit, " + ".join(entry["names"]))
+    results, deviations = [], []
+    for gpu in gpus:
+        index = gpu["index"]
+        procs = [{"pid": p["pid"], "name": p["process_name"], "unit": p["unit"], "used_mib": p["used_mib"]}
+                 for p in processes if p["gpu_index"] == index]
+        used = gpu["memory_used_mib"]
+        entry = plan.get(index)
+        result = {"index": index, "uuid": gpu["uuid"], "used_mib": used,
+                  "total_mib": gpu["memory_total_mib"], "processes": procs, "checked": True}
+        label = "GPU %d (%s)" % (index, gpu["uuid"])
+        problems = []
+        if entry is not None:
+            names = " + ".join(entry["names"])
+            low = max(0, entry["expected_mib"] - entry["tolerance_mib"])
+            high = entry["expected_mib"] + entry["tolerance_mib"]
+            result.update(expectation=names, expected_mib=entry["expected_mib"],
+                          expected_min_mib=low, expected_max_mib=high)
+            range_text = "%d-%d MiB (%d +/- %d)" % (low, high, entry["expected_mib"], entry["tolerance_mib"])
+            if used is None:
+                problems.append("nvidia-smi reports no memory figure for it (expected %s); %s"
+                                % (range_text, _holders(procs, unit_owner)))
+            elif used < low or used > high:
+                problems.append("uses %d MiB, %s the expected %s; %s" % (
+                    used, "below" if used < low else "above", range_text, _holders(procs, unit_owner)))
+            if entry["units"]:
+                strangers = [p for p in procs if p["unit"] not in entry["units"]]
+                if strangers:
+                    problems.append("memory held by processes outside %s: %s" % (
+                        " / ".join(entry["units"]), ", ".join(_holder(p, unit_owner) for p in strangers)))
+            subject = "%s of '%s'" % (label, names)
+        else:
+            result.update(expectation="idle", expected_mib=0, expected_min_mib=0)
+            subject = "%s should be idle" % label
+            if idle_gpus == "ignore":
+                result.update(expected_max_mib=None, checked=False)
+            else:
+                result["expected_max_mib"] = idle_max_mib
+                if used is None:
+                    problems.append("nvidia-smi reports no memory figure for it; %s"
+                                    % _holders(procs, unit_owner))
+                elif used > idle_max_mib:
+                    problems.append("uses %d MiB, more than the idle limit of %d MiB; %s"
+                                    % (used, idle_max_mib, _holders(procs, unit_owner)))
+        result["ok"] = not problems
+        if problems:
+            deviations.append("%s: %s." % (subject, "; ".join(problems)))
+        results.append(result)
+    return results, deviations
+
+
+def run_module():
+    module = AnsibleModule(
+        argument_spec=dict(
+            expected=dict(
+                type="list", elements="dict", default=[],
+                options=dict(
+                    name=dict(type="str"),
+                    gpus=dict(type="list", elements="raw", required=True),
+                    used_mib=dict(type="int"),
+                    used_fraction=dict(type="float"),
+                    tolerance_mib=dict(type="int"),
+                    tolerance_pct=dict(type="float"),
+                    unit=dict(type="str"),
+                ),
+            ),
+            idle_max_mib=dict(type="int", default=DEFAULT_IDLE_MAX_MIB),
+            idle_gpus=dict(type="str", default="must_be_idle", choices=["must_be_idle", "ignore"]),
+            allow_shared_gpus=dict(type="bool", default=False),
+            wait_timeout=dict(type="int", default=0),
+            poll_interval=dict(type="float", default=5),
+            nvidia_smi=dict(type="path", required=False),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["idle_max_mib"] < 0:
+        module.fail_json(msg="idle_max_mib must not be negative (%s)" % p["idle_max_mib"])
+    if p["wait_timeout"] < 0:
+        module.fail_json(msg="wait_timeout must not be negative (%s)" % p["wait_timeout"])
+    if p["poll_interval"] <= 0:
+        module.fail_json(msg="poll_interval must be positive (%s)" % p["poll_interval"])
+
+    smi = None
+    result = {"changed": False, "gpus": [], "deviations": [], "polls": 0}
+    try:
+        smi = NvidiaSmi(module, find_nvidia_smi(module, p["nvidia_smi"]))
+        deadline = _now() + p["wait_timeout"]
+        plan = None
+        while True:
+            gpus = smi.query_gpus()
+            apps = smi.query_compute_apps()
+            result["polls"] += 1
+            if plan is None:
+                plan = plan_expectations(p["expected"], gpus, p["allow_shared_gpus"])
+            processes = attach_processes(gpus, apps, smi.proc_root)
+            result["gpus"], result["deviations"] = evaluate(
+                gpus, processes, plan, p["idle_max_mib"], p["idle_gpus"])
+            left = deadline - _now()
+            if not result["deviations"] or left <= 0:
+                break
+            _sleep(min(p["poll_interval"], left))
+    except (FootprintError, NvidiaSmiError) as exc:
+        module.fail_json(msg=str(exc), nvidia_smi_calls=smi.calls if smi else [], **result)
+
+    result["nvidia_smi_calls"] = smi.calls
+    checked = [g for g in result["gpus"] if g["checked"]]
+    if result["deviations"]:
+        waited = ""
+        if result["polls"] > 1:
+            waited = " (last of %d readings over %d s)" % (result["polls"], p["wait_timeout"])
+        module.fail_json(
+            msg="GPU footprint differs on %d of %d checked GPUs%s: %s" % (
+                len(result["deviations"]), len(checked), waited, " ".join(result["deviations"])),
+            **result)
+    module.exit_json(msg="GPU footprint as expected on %d checked GPUs" % len(checked), **result)
+
+
+def main():
+    run_module()
+
+
+if __name__ == "__main__":
+    main()
