@@ -265,7 +265,7 @@ def _parse_csv(text, fields, specs, required, what, free_text=None):
             cells = cells[:free_col] + [merged] + cells[free_col + extra + 1:]
         if len(cells) != ncols:
             raise NvidiaSmiParseError(
-                "%s: line %d has %d values, expected %d: %r" % (what, lineno, len(cells), ncols, line))
+                "%s: line %d has %d value(s), expected %d: %r" % (what, lineno, len(cells), ncols, line))
         row = {}
         for field, spec in specs.items():
             key, conv = spec[0], spec[1]
