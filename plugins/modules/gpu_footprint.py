@@ -280,8 +280,9 @@ def plan_expectations(expected, gpus, allow_shared=False):
         if not isinstance(entry, dict):
             raise FootprintError("expected[%d] is not a dict: %r" % (i, entry))
         unit = _unit_name(entry["unit"]) if entry.get("unit") else None
-        name = entry.get("name") or unit or "expected[%d]" % i
-        where = "expected[%d] (%s)" % (i, name)
+        name = entry.get("name") or unit
+        where = "expected[%d] (%s)" % (i, name) if name else "expected[%d]" % i
+        name = name or "expected[%d]" % i
         used_mib, fraction = entry.get("used_mib"), entry.get("used_fraction")
         if (used_mib is None) == (fraction is None):
             raise FootprintError(
