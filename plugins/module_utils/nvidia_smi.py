@@ -48,6 +48,8 @@ GPU_FIELDS = (
 # Fields the query may be retried without when an older driver does not know them.
 OPTIONAL_GPU_FIELDS = ("name", "memory.reserved", "mig.mode.current", "compute_mode", "driver_version")
 REQUIRED_GPU_FIELDS = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used", "memory.free")
+# Columns that must hold a value; memory may read [N/A] / [Not Supported] (unified-memory boards).
+_IDENTITY_FIELDS = ("index", "uuid", "pci.bus_id", "pid", "gpu_uuid", "gpu_bus_id")
 
 APP_FIELDS = ("pid", "process_name", "gpu_uuid", "gpu_bus_id", "used_memory")
 
@@ -278,7 +280,7 @@ def _parse_csv(text, fields, specs, required, what, free_text=None):
                 row[key] = value
                 continue
             if is_unavailable(value):
-                if field in required:
+                if field in required and field in _IDENTITY_FIELDS:
                     raise NvidiaSmiParseError(
                         "%s: line %d: %s is %s: %r" % (what, lineno, field, value, line))
                 row[key] = None
