@@ -30,7 +30,6 @@ import itertools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = [
     "PlanError",
@@ -467,7 +466,7 @@ class _Planner:
         wb = raw.get("weights_bytes")
         if wb is not None:
             num = _as_float(wb)
-            if num is None or not (num > 0) or math.isinf(num):
+            if num is None or math.isnan(num) or num <= 0 or math.isinf(num):
                 bad(f"weights_bytes is {wb!r}; use the total size of the model's safetensors in bytes, or leave it out")
             else:
                 inst.weights_bytes = num

@@ -103,7 +103,8 @@ with open(os.path.join(DATA, "gpu_plan_cases.yml"), encoding="utf-8") as _f:
 def parse_ranges(text):
     out = []
     for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
+        lo, dash, hi = part.partition("-")
+        assert dash or not hi
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out
 
@@ -256,7 +257,7 @@ def test_many_instances_on_eight_gpus_plan_in_milliseconds():
     facts = load_host("seed-8x-rtxpro6000")
     instances = [{"name": f"i{k}"} for k in range(8)]
     start = time.perf_counter()
-    for _ in range(50):
+    for _round in range(50):
         plan = gpu_plan(facts["gpus"], instances, links=facts["gpu_links"])
     per_plan = (time.perf_counter() - start) / 50
     assert per_plan < 0.05, per_plan
@@ -344,7 +345,8 @@ def test_filter_call_shape_through_ansible(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # ad-hoc output: "localhost | SUCCESS => {json}"
-    head, _, body = proc.stdout.partition("=>")
+    head, arrow, body = proc.stdout.partition("=>")
+    assert arrow, proc.stdout
     assert "SUCCESS" in head, proc.stdout
     msg = json.loads(body)["msg"]
     assert [e["gpus"] for e in msg] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -482,11 +484,11 @@ def test_property_accepted_plans_keep_every_rule(scenario):
                 for a, b in itertools.combinations(ranks[s:s + tp], 2):
                     assert not crosses(facts, a, b), (e, a, b)
     for i, group in users.items():
-        total = sum(e["gpu_memory_utilization"] for _, e in group)
+        total = sum(e["gpu_memory_utilization"] for _inst, e in group)
         assert total <= 1.0 + 1e-9
         if len(group) > 1:
             # sharing: only explicit, and within the share limit
-            assert all("gpus" in inst for inst, _ in group)
+            assert all("gpus" in inst for inst, _entry in group)
             assert total <= placement.SHARE_LIMIT + 1e-9
 
 
