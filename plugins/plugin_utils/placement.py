@@ -173,6 +173,12 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _gpus_word(indices) -> str:
+    """ "GPU 3" or "GPUs 0-3" """
+    indices = sorted(indices)
+    return f"GPU {indices[0]}" if len(indices) == 1 else f"GPUs {_gpu_list(indices)}"
+
+
 def _gpu_list(indices) -> str:
     """Human form of a GPU index set: "0-3", "0,2", "none"."""
     indices = sorted(indices)
@@ -390,8 +396,10 @@ class _Planner:
             problems.append(f"{where}: {msg}")
             inst.ok = False
 
-        if not isinstance(name, str) or not name:
+        if name is None or name == "":
             bad("'name' is required (a short name such as 'chat'; the unit becomes vllm-<name>.service)")
+        elif not isinstance(name, str):
+            bad(f"name is {name!r}; it must be a string such as 'chat' (the unit becomes vllm-<name>.service)")
         elif not NAME_RE.match(name):
             bad(f"name '{name}' cannot be used in a systemd unit name; use lower-case letters, digits, "
                 "'_', '.' and '-', starting with a letter or digit (e.g. '"
@@ -526,11 +534,11 @@ class _Planner:
             bad(f"gpus lists {_plural(len(inst.explicit), 'GPU')} but tensor_parallel_size {inst.tp} x "
                 f"pipeline_parallel_size {inst.pp} = {inst.size}; make them agree (e.g. tensor_parallel_size: "
                 f"{len(inst.explicit) // inst.pp if len(inst.explicit) % inst.pp == 0 else len(inst.explicit)})")
-        elif inst.size > n:
+        elif inst.size > n and n:
             fits = [d for d in _divisors(inst.heads) if d <= n] if inst.heads else None
             hint = f" (tensor_parallel_size values that fit here: {', '.join(map(str, fits))})" if fits else ""
             bad(f"tensor_parallel_size {inst.tp} x pipeline_parallel_size {inst.pp} needs {inst.size} GPUs "
-                f"but this host has {_plural(n, 'GPU')}; lower them{hint}")
+                f"but this host has {_plural(n, 'GPU')}; lower tensor_parallel_size or pipeline_parallel_size{hint}")
         if inst.heads is not None and inst.heads % inst.tp:
             fits = [d for d in _divisors(inst.heads) if d <= max(n, 1)]
             bad(f"tensor_parallel_size {inst.tp} does not divide num_attention_heads {inst.heads}; "
@@ -763,9 +771,9 @@ class _Planner:
             if i not in skip:
                 by.setdefault(inst.name, []).append(i)
         mig = [i for i in self.host.order if i not in self.usable]
-        parts = [f"GPUs {_gpu_list(v)} by '{k}'" for k, v in by.items()]
+        parts = [f"{_gpus_word(v)} by '{k}'" for k, v in by.items()]
         if mig:
-            parts.append(f"GPUs {_gpu_list(mig)} not placeable (MIG enabled or compute mode Prohibited)")
+            parts.append(f"{_gpus_word(mig)} not placeable (MIG enabled or compute mode Prohibited)")
         return ("; in use: " + ", ".join(parts)) if parts else ""
 
     def _no_room(self, inst: _Inst, free, holders) -> str:
@@ -786,10 +794,8 @@ class _Planner:
                     f"{self._held(holders)}); Fix: lower tensor_parallel_size or pipeline_parallel_size, or {share}")
         pool = [i for i in free if inst.numa is None or self.host.gpus[i].numa == inst.numa]
         # Enough GPUs, but every group of k has a tensor-parallel stage over SYS.
-        example = min(itertools.combinations(sorted(pool), k)) if math.comb(len(pool), k) else tuple(pool)
-        pairs = _crossing_pairs(self.host, example, inst.tp)
         return (f"{inst.where}: {need}, and no {k} free GPUs share a NUMA node or an NVLink-connected set: "
-                f"{self._why_cross(inst, pairs, free=free)} What would fit instead: "
+                f"{self._why_cross(inst, [], free=free)} What would fit instead: "
                 f"{self._fits_instead(inst, set(pool))}; or set allow_cross_numa: true on this instance to accept "
                 "the slow path")
 
@@ -804,7 +810,10 @@ class _Planner:
                 by_node.setdefault(host.gpus[i].numa, set()).add(i)
             sides = [f"{_gpu_list(v)} (NUMA node {'unknown' if n is None else n})"
                      for n, v in sorted(by_node.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
-            return (f"the free GPUs {' and '.join(sides)} are joined only by SYS links "
+            if len(by_node) > 1 and None not in by_node:
+                return (f"the free GPUs {' and '.join(sides)} are joined only by SYS links "
+                        f"(PCIe across the inter-socket link). {why}")
+            return (f"every such group of the free GPUs {', '.join(sides)} has members joined by SYS links "
                     f"(PCIe across the inter-socket link). {why}")
         shown = ", ".join(f"{a} (node {_node_word(host, [a])}) and {b} (node {_node_word(host, [b])})"
                           for a, b in pairs[:3]) + (", ..." if len(pairs) > 3 else "")
@@ -821,39 +830,44 @@ class _Planner:
             buckets.setdefault(host.gpus[i].numa, []).append(i)
 
         def ok_size(s):
-            return (inst.heads is None or inst.heads % s == 0) and (
-                inst.heads is not None or s & (s - 1) == 0)
+            if inst.heads is not None:
+                return inst.heads % s == 0
+            return s & (s - 1) == 0  # without the model's head count, suggest powers of two
+
+        def label(s):
+            return f"TP={s}" if inst.pp == 1 else f"{s} GPUs (tensor_parallel_size x pipeline_parallel_size)"
 
         options = []
         best = 0
         for s in range(k - 1, 0, -1):
             if not ok_size(s):
                 continue
-            where = []
-            for node, members in sorted(buckets.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
-                if node is not None and len(members) >= s:
-                    where.append(f"node {node} (GPUs {_gpu_list(members)})")
+            where = [f"node {node} (GPUs {_gpu_list(members)})"
+                     for node, members in sorted((kv for kv in buckets.items() if kv[0] is not None),
+                                                 key=lambda kv: kv[0])
+                     if len(members) >= s]
             if where:
+                options.append(f"{label(s)} on NUMA " + " or ".join(where))
+            else:
+                for g in itertools.islice(itertools.combinations(pool, s), COMBINATION_LIMIT):
+                    pairs = list(itertools.combinations(g, 2))
+                    if pairs and all(host.rank[p] == _RANK_NV for p in pairs):
+                        options.append(f"{label(s)} on the NVLink-connected GPUs {_gpu_list(g)}")
+                        break
+                    if not any(host.crosses(*p) for p in pairs):
+                        options.append(f"{label(s)} on GPUs {_gpu_list(g)}")
+                        break
+            if options:
                 best = s
-                where[0] = "NUMA " + where[0]
-                options.append(f"TP={s} on " + " or ".join(where))
                 break
-            # NVLink-connected set of size s?
-            for g in itertools.islice(itertools.combinations(pool, s), COMBINATION_LIMIT):
-                if all(host.rank[p] == _RANK_NV for p in itertools.combinations(g, 2)):
-                    best = s
-                    options.append(f"TP={s} on the NVLink-connected GPUs {_gpu_list(g)}")
-                    break
-            if best:
-                break
-        if best > 1 and k % best == 0 and k // best > 1:
+        if best > 1 and inst.pp == 1 and k % best == 0:
             stages = k // best
             slots = sum(len(m) // best for n, m in buckets.items() if n is not None)
             if slots >= stages:
                 options.append(f"tensor_parallel_size: {best} with pipeline_parallel_size: {stages} "
                                "(pipeline stages on separate NUMA nodes exchange only activations)")
         if not options:
-            return "nothing larger than one GPU; lower tensor_parallel_size"
+            return "no smaller group either; free GPUs first"
         return "; or ".join(options)
 
 
