@@ -453,7 +453,7 @@ def _plan_or_none(facts, instances, **options):
         return None
 
 
-PROPERTY = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY
