@@ -90,7 +90,7 @@ ansible_facts:
       description:
         - Link type between every pair of GPUs as C(nvidia-smi topo -m) prints it, keyed by the
           GPU index (as a string), then the other GPU's index (as a string); self pairs omitted.
-        - C(NV#) is a bonded set of # NVLinks, C(PIX) at most one PCIe bridge, C(PXB) several
+        - C(NV#) is a bonded set of that many NVLinks (C(NV18) - 18), C(PIX) at most one PCIe bridge, C(PXB) several
           PCIe bridges, C(PHB) a PCIe host bridge, C(NODE) host bridges within a NUMA node, C(SYS)
           the link between NUMA nodes.
         - Empty with one GPU or when the topology is unknown.

@@ -26,7 +26,7 @@ def fixture(rel):
 def expand_cpus(text):
     out = []
     for part in text.split(","):
-        lo, _, hi = part.partition("-")
+        lo, _sep, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out
 
@@ -37,7 +37,7 @@ def _parse(case):
     if kind == "gpu_query":
         return n.parse_gpu_query(text, fields=tuple(case["fields"])) if "fields" in case else n.parse_gpu_query(text)
     if kind == "compute_apps":
-        return n.parse_compute_apps(text)
+        return n.parse_compute_apps(text, fields=tuple(case["fields"])) if "fields" in case else n.parse_compute_apps(text)
     if kind == "topo":
         return n.parse_topo(text)
     if kind == "version":
@@ -92,10 +92,15 @@ def test_parse_case(case):
     ("errors/driver_not_loaded.out", 9, n.NvidiaSmiError, ["could not talk to the NVIDIA driver"]),
     ("h200-1gpu/smi_bad.out", 2, n.NvidiaSmiUnknownFieldError, ["'bogus.field'", "exit 2"]),
     ("errors/no_reserved_field.out", 2, n.NvidiaSmiUnknownFieldError, ["'memory.reserved'"]),
+    ("h200-1gpu-b/q_bad3.out", 2, n.NvidiaSmiUnknownFieldError, ["'bogus.a'"]),
+    ("h200-1gpu-b/apps_bad.out", 2, n.NvidiaSmiUnknownFieldError, ["'bogus'"]),
+    ("h200-1gpu-b/i_uuid_nogpu.out", 6, n.NvidiaSmiError, ["No devices were found"]),
+    ("h200-1gpu-b/bad_opt.out", 255, n.NvidiaSmiError, ["failed with exit code 255: ERROR: Option --bogus is not recognized"]),
 ])
 def test_error_from_output(rel, rc, kind, parts):
     error = n.error_from_output(["nvidia-smi", "--query-gpu=index"], rc, fixture(rel), "")
-    assert type(error) is kind
+    assert isinstance(error, kind)
+    assert isinstance(error, n.NvidiaSmiUnknownFieldError) is (kind is n.NvidiaSmiUnknownFieldError)
     for part in parts:
         assert part in str(error)
     if kind is n.NvidiaSmiUnknownFieldError:
@@ -358,7 +363,7 @@ def test_topo_round_trip(topo):
 # --------------------------------------------------------------------------------------------
 
 PARSERS = [
-    lambda t: n.parse_gpu_query(t),
+    n.parse_gpu_query,
     lambda t: n.parse_gpu_query(t, fields=("index", "memory.used", "memory.total")),
     n.parse_compute_apps,
     n.parse_topo,

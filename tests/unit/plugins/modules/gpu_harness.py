@@ -188,7 +188,7 @@ def expand_cpus(text):
         return []
     out = []
     for part in str(text).split(","):
-        lo, _, hi = part.partition("-")
+        lo, _sep, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return out
 
