@@ -27,7 +27,8 @@ Per repository (all optional):
 
 Fault injection (``ServerConfig``, changeable at run time through ``POST /_admin/config``):
 ``throttle_bps`` (per response body), ``die_after_bytes``/``die_times`` (send that many body bytes,
-then drop the connection, ``die_times`` times), each limited to paths matching ``fault_glob``.
+then drop the connection, ``die_times`` times), ``error_status``/``error_times`` (answer a file GET
+with that HTTP status), each limited to paths matching ``fault_glob``.
 ``GET /_admin/stats`` returns request counters; ``POST /_admin/reset`` clears them.
 
 CLI: ``python hubserver.py --root DIR --port 0 [--publish org/name=SRC_DIR ...]`` prints the port
@@ -236,7 +237,9 @@ class ServerConfig:
     throttle_bps: int = 0          # 0 = unlimited; per response body
     die_after_bytes: int = -1      # <0 = never; else drop the connection after that many body bytes
     die_times: int = 0             # how many responses get dropped
-    fault_glob: str = "*"          # which resolve paths (repo-relative file paths) the two above apply to
+    fault_glob: str = "*"          # which resolve paths (repo-relative file paths) the faults apply to
+    error_status: int = 0          # answer GET /resolve with this status (e.g. 500) ...
+    error_times: int = 0           # ... that many times
     lfs_redirect: bool = False     # LFS files: HEAD/GET /resolve answer 302 to a "CDN" origin
     page_size: int = 1000          # tree listing page size (the Hub caps at 1000)
     chunk: int = 1 << 20
@@ -274,6 +277,12 @@ class HubServer(ThreadingHTTPServer):
     @property
     def endpoint(self) -> str:
         return "http://%s:%d" % (self.server_address[0], self.port)
+
+    def handle_error(self, request, client_address):
+        # Clients that hang up (a killed download, a dropped connection we caused) are not errors.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
     def reset_stats(self) -> None:
         with self.lock:
@@ -514,6 +523,15 @@ class HubHandler(BaseHTTPRequestHandler):
             self._record("resolve", rel, 404)
             return self._error(404, "EntryNotFound", "Entry not found", {"X-Repo-Commit": sha})
         headers = self._file_headers(sha, meta)
+        cfg = self.server.config
+        if self.command == "GET" and cfg.error_status and fnmatch.fnmatch(rel, cfg.fault_glob):
+            with self.server.lock:
+                fire = cfg.error_times > 0
+                if fire:
+                    cfg.error_times -= 1
+            if fire:
+                self._record("resolve", rel, cfg.error_status)
+                return self._error(cfg.error_status, None, "Injected failure")
         if self.server.config.lfs_redirect and "lfs" in meta:
             sig = hmac.new(self.server.secret, ("%s/%s/%s" % (repo_id, sha, rel)).encode(), "sha256").hexdigest()
             host = "localhost" if self.server.server_address[0] == "127.0.0.1" else "127.0.0.1"
