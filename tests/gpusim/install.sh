@@ -1,0 +1,37 @@
+#!/bin/sh
+# Apache License 2.0 (see LICENSE)
+# Install the GPU simulator into a (container image) root file system.
+#
+#   install.sh PROFILE [ROOT]
+#
+# PROFILE: a profile name from tests/gpusim/profiles/ (h200-1gpu, seed-8x-rtxpro6000,
+#          hgx-8x-h200, demo-2numa) or a path to a profile JSON file.
+# ROOT:    target root directory (default /, or $DESTDIR), e.g. a debootstrap tree.
+#
+# Installs /usr/bin/nvidia-smi, /usr/bin/gpusim-hold, every shipped profile under
+# /etc/gpusim/profiles/ and the chosen one as /etc/gpusim/profile.json, and creates
+# /run/gpusim/stray.d (also declared in /usr/lib/tmpfiles.d/gpusim.conf, since /run is a
+# tmpfs when systemd boots).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+profile=${1:?usage: install.sh PROFILE [ROOT]}
+root=${2:-${DESTDIR:-/}}
+case $profile in
+  */*|*.json) src=$profile ;;
+  *) src=$here/profiles/$profile.json ;;
+esac
+if [ ! -f "$src" ]; then
+  echo "install.sh: no such profile: $profile (have: $(cd "$here/profiles" && ls | sed 's/\.json$//' | tr '\n' ' '))" >&2
+  exit 2
+fi
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["gpus"], "no gpus"' "$src"
+install -d "$root/usr/bin" "$root/etc/gpusim/profiles" "$root/run/gpusim/stray.d" \
+  "$root/usr/lib/tmpfiles.d"
+install -m 0755 "$here/nvidia-smi" "$root/usr/bin/nvidia-smi"
+install -m 0755 "$here/gpusim-hold" "$root/usr/bin/gpusim-hold"
+for p in "$here"/profiles/*.json; do
+  install -m 0644 "$p" "$root/etc/gpusim/profiles/$(basename "$p")"
+done
+install -m 0644 "$src" "$root/etc/gpusim/profile.json"
+printf 'd /run/gpusim/stray.d 0755 root root -\n' > "$root/usr/lib/tmpfiles.d/gpusim.conf"
+echo "gpusim: installed into $root with profile $(basename "$src" .json)"
