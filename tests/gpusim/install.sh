@@ -27,8 +27,13 @@ fi
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["gpus"], "no gpus"' "$src"
 install -d "$root/usr/bin" "$root/etc/gpusim/profiles" "$root/run/gpusim/stray.d" \
   "$root/usr/lib/tmpfiles.d"
-install -m 0755 "$here/nvidia-smi" "$root/usr/bin/nvidia-smi"
-install -m 0755 "$here/gpusim-hold" "$root/usr/bin/gpusim-hold"
+# The sources say "#!/usr/bin/env python" (what ansible-test sanity allows); Debian 12 has no
+# "python", so the installed copies name /usr/bin/python3.
+for tool in nvidia-smi gpusim-hold; do
+  { echo '#!/usr/bin/python3'; tail -n +2 "$here/$tool"; } > "$root/usr/bin/$tool.tmp"
+  chmod 0755 "$root/usr/bin/$tool.tmp"
+  mv "$root/usr/bin/$tool.tmp" "$root/usr/bin/$tool"
+done
 for p in "$here"/profiles/*.json; do
   install -m 0644 "$p" "$root/etc/gpusim/profiles/$(basename "$p")"
 done
