@@ -483,7 +483,8 @@ def run_module():
             msg="GPU footprint differs on %d of %d checked GPUs%s: %s" % (
                 len(result["deviations"]), len(checked), waited, " ".join(result["deviations"])),
             **result)
-    module.exit_json(msg="GPU footprint as expected on %d checked GPUs" % len(checked), **result)
+    module.exit_json(msg="GPU footprint as expected on %d checked GPU%s" % (
+        len(checked), "" if len(checked) == 1 else "s"), **result)
 
 
 def main():
