@@ -21,7 +21,7 @@ case $profile in
   *) src=$here/profiles/$profile.json ;;
 esac
 if [ ! -f "$src" ]; then
-  echo "install.sh: no such profile: $profile (have: $(cd "$here/profiles" && ls | sed 's/\.json$//' | tr '\n' ' '))" >&2
+  echo "install.sh: no such profile: $profile (have: $(for f in "$here"/profiles/*.json; do basename "$f" .json; done | tr '\n' ' '))" >&2
   exit 2
 fi
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["gpus"], "no gpus"' "$src"

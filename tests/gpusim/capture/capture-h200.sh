@@ -80,7 +80,7 @@ cap topo_bad topo -x
 cap topo_none topo
 cap L_long --list-gpus
 cap q_count --query-gpu=count,driver_version --format=csv,noheader
-cat /proc/cpuinfo | grep -c ^processor > "$OUT/env_nproc.txt"
+grep -c ^processor /proc/cpuinfo > "$OUT/env_nproc.txt"
 python3 --version > "$OUT/env_python.txt" 2>&1
 # ---- busy stages -----------------------------------------------------------
 HOLD='import sys,time,torch
@@ -109,7 +109,9 @@ wait_ready "$OUT/.h2"; sleep 2
 P3=$!
 wait_ready "$OUT/.h3"; sleep 2
 echo "$P1 $P2 $P3" > "$OUT/busy3_pids.txt"
-for p in $P2 $P3; do tr '\0' ' ' < /proc/$p/cmdline >> "$OUT/busy3_cmdline.txt"; echo >> "$OUT/busy3_cmdline.txt"; cat /proc/$p/comm >> "$OUT/busy3_cmdline.txt"; done
+for p in $P2 $P3; do
+  { tr '\0' ' ' < "/proc/$p/cmdline"; echo; cat "/proc/$p/comm"; } >> "$OUT/busy3_cmdline.txt"
+done
 snap busy3
 kill $P1 $P2 $P3; wait
 sleep 2

@@ -21,5 +21,5 @@ sleep 2
 nvidia-smi > "$OUT/names_smi.out"; echo "rc=$?" >> "$OUT/rc.txt"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv > "$OUT/names_apps.out"
 nvidia-smi --query-gpu=memory.used,memory.free --format=csv,noheader,nounits > "$OUT/names_mem.out"
-for p in $(pgrep -f 'time.sleep\(3600\)'); do echo "$p $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-80) | $(cat /proc/$p/comm)"; done > "$OUT/names_ps.txt"
+for p in $(pgrep -f 'time.sleep\(3600\)'); do echo "$p $(tr '\0' ' ' < "/proc/$p/cmdline" | cut -c1-80) | $(cat "/proc/$p/comm")"; done > "$OUT/names_ps.txt"
 pkill -f 'time.sleep\(3600\)'; wait

@@ -430,20 +430,20 @@ def test_vllm_serve_shows_its_workers(sim, procs):
 
 
 def test_vllm_module_serve_default_utilization_and_too_few_gpus(sim, procs):
-    pid, _ = fake_vllm(procs, ["-m", "vllm.entrypoints.cli.main", "serve", "/m", "-pp", "2"],
-                       env={"CUDA_VISIBLE_DEVICES": "3"})
+    pid, _workers = fake_vllm(procs, ["-m", "vllm.entrypoints.cli.main", "serve", "/m", "-pp", "2"],
+                              env={"CUDA_VISIBLE_DEVICES": "3"})
     assert apps(sim, SEED, proc=procs.view(pid)) == [(3, pid, "python3", int(math.floor(0.9 * SEED_TOTAL)))]
 
 
 def test_vllm_with_empty_visible_devices_uses_no_gpu(sim, procs):
-    pid, _ = fake_vllm(procs, ["vllm", "serve", "/m"], env={"CUDA_VISIBLE_DEVICES": ""})
+    pid, _workers = fake_vllm(procs, ["vllm", "serve", "/m"], env={"CUDA_VISIBLE_DEVICES": ""})
     assert apps(sim, SEED, proc=procs.view(pid)) == []
 
 
 def test_visible_devices_by_uuid_and_uuid_prefix(sim, procs):
     env = {"CUDA_VISIBLE_DEVICES": "%s,%s" % (SEED_GPUS[6]["uuid"], SEED_GPUS[3]["uuid"][:12])}
-    pid, _ = fake_vllm(procs, ["vllm", "serve", "/m", "--tensor-parallel-size=2",
-                               "--gpu-memory-utilization", "0.3"], env=env)
+    pid, _workers = fake_vllm(procs, ["vllm", "serve", "/m", "--tensor-parallel-size=2",
+                                      "--gpu-memory-utilization", "0.3"], env=env)
     share = int(math.floor(0.3 * SEED_TOTAL))
     assert apps(sim, SEED, proc=procs.view(pid)) == [(3, pid, "python3", share), (6, pid, "python3", share)]
 
@@ -478,7 +478,7 @@ def test_id_selection_by_index_uuid_and_bus_id(sim, tmp_path):
 
 
 def test_table_of_eight_gpus_with_processes(sim, procs):
-    pid, _ = fake_vllm(procs, ["vllm", "serve", "/m", "-tp", "4"], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    pid, _workers = fake_vllm(procs, ["vllm", "serve", "/m", "-tp", "4"], env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
     code, out = sim([], SEED, proc=procs.view(pid), now="2026-12-02T09:05:01")
     text = out.decode()
     lines = text.splitlines()
@@ -571,8 +571,12 @@ def fake_proc(root, pid, argv, ppid=1, environ=None, cgroup=None):
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$@" >> "%(log)s"
 case "$*" in
-  *vllm-chat.service*) printf '%%s\\n' 'Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID "VLLM_EXTRA=a b" CUDA_VISIBLE_DEVICES=4,5' 'EnvironmentFiles=%(envfile)s (ignore_errors=no)' ;;
-  *vllm-code.service*) printf '%%s\\n' 'Environment=HF_HUB_OFFLINE=1' 'EnvironmentFiles=%(envfile)s (ignore_errors=yes)' ;;
+  *vllm-chat.service*)
+    echo 'Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID "VLLM_EXTRA=a b" CUDA_VISIBLE_DEVICES=4,5'
+    echo 'EnvironmentFiles=%(envfile)s (ignore_errors=no)' ;;
+  *vllm-code.service*)
+    echo 'Environment=HF_HUB_OFFLINE=1'
+    echo 'EnvironmentFiles=%(envfile)s (ignore_errors=yes)' ;;
   *) exit 1 ;;
 esac
 """
