@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Apache License 2.0 (see LICENSE)
 """Drive gpu_facts and gpu_footprint through ``ansible -c local`` on a real GPU (see device_check.sh).
 
@@ -361,7 +360,7 @@ class DeviceCheck(object):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--ansible", required=True, help="ansible binary (ansible-core 2.21)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the modules and the holder")
     parser.add_argument("--work", required=True, help="scratch dir with collections/ansible_collections/inferops/vllm")

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 # Apache License 2.0 (see LICENSE)
 """Hold a known amount of GPU memory with torch until killed (for tests/gpu/device_check.sh).
 
-    hold_gpu_memory.py --gib 20 --gpus 0[,1...] [--delay SECONDS] [--info FILE]
+    python3 hold_gpu_memory.py --gib 20 --gpus 0[,1...] [--delay SECONDS] [--info FILE]
 
 CUDA_DEVICE_ORDER=PCI_BUS_ID and CUDA_VISIBLE_DEVICES=<gpus> are set before torch is imported, so
 the k-th GPU torch sees is the k-th index given, numbered as nvidia-smi numbers them. After
@@ -21,7 +20,7 @@ MIB = 1024 * 1024
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--gib", type=float, required=True)
     parser.add_argument("--gpus", default="0", help="nvidia-smi indices, comma-separated")
     parser.add_argument("--delay", type=float, default=0.0)
