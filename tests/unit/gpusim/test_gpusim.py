@@ -146,12 +146,13 @@ class Processes:
         return str(root)
 
     def stop(self):
-        for proc in self.started:
+        started, self.started = self.started, []
+        for proc in started:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except OSError:
                 pass
-        for proc in self.started:
+        for proc in started:
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -336,14 +337,24 @@ SEED_TOTAL, SEED_RESERVED, SEED_IDLE = 97887, 542, 3
 
 
 def test_seed_visible_devices_2_3_raise_only_gpus_2_and_3_real_proc(sim, procs):
-    """A real process with CUDA_VISIBLE_DEVICES=2,3, found by scanning the real /proc."""
-    before = query(sim, SEED, real_proc=True)
-    pid = procs.hold(4096, env={"CUDA_VISIBLE_DEVICES": "2,3"}, extra=["--all-visible"])
-    after = query(sim, SEED, real_proc=True)
+    """A real process with CUDA_VISIBLE_DEVICES=2,3, found by scanning the real /proc.
+
+    Other processes of the machine (containers included) are visible there too; if one of them
+    changes the other GPUs between the two snapshots, the measurement is repeated (a simulator
+    that put the memory on the wrong GPUs fails every attempt).
+    """
+    others = (0, 1, 4, 5, 6, 7)
+    for _attempt in range(3):
+        before = query(sim, SEED, real_proc=True)
+        proc = procs.hold(4096, env={"CUDA_VISIBLE_DEVICES": "2,3"}, extra=["--all-visible"])
+        after = query(sim, SEED, real_proc=True)
+        mine = [row for row in apps(sim, SEED, real_proc=True) if row[1] == proc]
+        procs.stop()
+        if all(after[i] == before[i] for i in others):
+            break
     rise = {i: after[i][0] - before[i][0] for i in range(8)}
     assert rise[2] >= 4096 and rise[3] >= 4096
-    assert {i: r for i, r in rise.items() if i not in (2, 3)} == {i: 0 for i in (0, 1, 4, 5, 6, 7)}
-    mine = [row for row in apps(sim, SEED, real_proc=True) if row[1] == pid]
+    assert {i: r for i, r in rise.items() if i not in (2, 3)} == {i: 0 for i in others}
     assert [(gpu, mib) for gpu, _pid, _name, mib in mine] == [(2, 4096), (3, 4096)]
 
 
