@@ -15,7 +15,7 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures", "nvidia-smi")
 with open(os.path.join(ROOT, "tests", "unit", "data", "nvidia_smi_parse_cases.yml")) as _handle:
     CASES = yaml.safe_load(_handle)
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def fixture(rel):
