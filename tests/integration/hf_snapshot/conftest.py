@@ -4,4 +4,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from hf_snapshot_helpers import hub, repos, server  # noqa: E402,F401  (fixtures)
+from hf_snapshot_helpers import hub, repos, server  # noqa: E402  (fixtures)
+
+__all__ = ["hub", "repos", "server"]

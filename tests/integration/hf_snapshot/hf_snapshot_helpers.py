@@ -171,7 +171,7 @@ def parse_ansible(stdout: str) -> dict:
 def run_ansible(params, tmp_path, **kw):
     env = ansible_env(tmp_path)
     proc = subprocess.run(ansible_command(params, tmp_path, **kw), capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=120, check=False)
     return parse_ansible(proc.stdout), proc
 
 

@@ -258,7 +258,7 @@ def test_not_enough_disk_fails_before_downloading(hub, repos, tmp_path, monkeypa
     mnt = tmp_path / "small"
     mnt.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
-                             capture_output=True).returncode == 0
+                             capture_output=True, check=False).returncode == 0
     if not mounted:  # no privileges: pretend the filesystem is small
         from ansible_collections.inferops.vllm.plugins.module_utils import hf_snapshot as mu
         monkeypatch.setattr(mu, "free_bytes_at", lambda path: 3 << 20)
@@ -422,7 +422,7 @@ def test_ansible_download_token_stays_secret_progress_is_written(hub, repos, tmp
     assert final["phase"] == "done" and final["bytes_done"] == final["bytes_total"] > 0
 
     hub.reset_stats()
-    res2, _ = run_ansible(params, tmp_path)
+    res2, _proc = run_ansible(params, tmp_path)
     assert res2["changed"] is False and hub.stats.requests == [], res2
 
 
@@ -432,16 +432,16 @@ def test_ansible_wrong_token_and_check_mode(hub, repos, tmp_path):
     assert res.get("failed") and "rejected the token" in res["msg"], res
     assert "hf_wrong_token_value" not in proc.stdout + proc.stderr
 
-    res, _ = run_ansible(base_params(hub, repos, tmp_path / "c"), tmp_path, check_mode=True)
+    res, _proc = run_ansible(base_params(hub, repos, tmp_path / "c"), tmp_path, check_mode=True)
     assert res["changed"] is True and res["would_download"]["files"] == len(EXPECTED_DEFAULT), res
     assert not (tmp_path / "c").exists()
 
 
 def test_ansible_names_interpreter_without_huggingface_hub(hub, repos, tmp_path):
     py = "/usr/bin/python3"
-    probe = subprocess.run([py, "-c", "import huggingface_hub"], capture_output=True)
+    probe = subprocess.run([py, "-c", "import huggingface_hub"], capture_output=True, check=False)
     if not os.path.exists(py) or probe.returncode == 0:
         pytest.skip("needs a python without huggingface_hub")
-    res, _ = run_ansible(base_params(hub, repos, tmp_path / "m"), tmp_path, interpreter=py)
+    res, _proc = run_ansible(base_params(hub, repos, tmp_path / "m"), tmp_path, interpreter=py)
     assert res.get("failed") and "huggingface_hub cannot be imported by %s" % py in res["msg"], res
     assert hub.stats.requests == []

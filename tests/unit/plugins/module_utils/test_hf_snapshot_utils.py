@@ -267,7 +267,7 @@ def test_hash_file_sha256_and_git_blob(tmp_path, data):
     seen = []
     assert hs.hash_file(str(p), "sha256", seen.append) == hashlib.sha256(data).hexdigest()
     assert sum(seen) == len(data)
-    git = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True)
+    git = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True, check=False)
     expected = git.stdout.strip() if git.returncode == 0 else \
         hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     assert hs.hash_file(str(p), "git-sha1") == expected
