@@ -7,7 +7,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,numactl,ca-certificates,sudo,libnuma1,curl
+# python-is-python3: the GPU simulator (tests/gpusim) starts with "#!/usr/bin/env python"
+packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl
 tag=$( (cat "$0"; echo "$packages") | sha256sum | cut -c1-12)
 image=localhost/inferops-testhost:$tag
 cache=$root/.cache/images
@@ -35,6 +36,8 @@ else
     --change 'CMD ["/sbin/init"]' --change 'ENV container=podman' \
     --change 'STOPSIGNAL SIGRTMIN+3' - "$image" >/dev/null
   podman save -q -o "$tarball.tmp" "$image" && mv "$tarball.tmp" "$tarball"
+  # an older build's tarball is dead weight once the script changed
+  find "$cache" -maxdepth 1 -name 'inferops-testhost-*.tar' ! -name "${tarball##*/}" -delete
 fi
 podman tag "$image" localhost/inferops-testhost:latest
 echo "$image"

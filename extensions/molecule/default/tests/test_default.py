@@ -5,7 +5,10 @@ PROFILE = "/etc/gpusim/profile.json"
 
 
 def _profile(host):
-    return json.loads(host.file(PROFILE).content_string)
+    """The profile with gpu_defaults merged into each GPU, as the simulator reads it."""
+    profile = json.loads(host.file(PROFILE).content_string)
+    profile["gpus"] = [dict(profile.get("gpu_defaults", {}), **gpu) for gpu in profile["gpus"]]
+    return profile
 
 
 def test_systemd_is_pid_1_and_running(host):
