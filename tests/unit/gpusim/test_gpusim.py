@@ -709,6 +709,10 @@ def test_visible_gpus(mod, env, expected):
     (["vllm", "bench", "serve"], False),
     (["python3", "-m", "pip", "install", "vllm"], False),
     (["/usr/bin/vllm-exporter", "serve"], False),
+    (["python3", "/opt/v/lib/python3.11/site-packages/vllm/entrypoints/openai/api_server.py"], True),
+    (["sh", "-c", "python3 -m vllm.entrypoints.openai.api_server --model m"], False),
+    (["pgrep", "-f", "vllm serve"], False),
+    (["grep", "vllm.entrypoints.openai.api_server", "/var/log/x"], False),
 ])
 def test_is_vllm_server(mod, argv, server):
     assert mod.is_vllm_server(argv) is server
