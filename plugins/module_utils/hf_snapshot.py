@@ -917,7 +917,12 @@ class Snapshot(object):
             self.progress.bytes_total = missing_bytes
             self.progress.set_phase("downloading")
             t0 = time.time()
-            done, mismatches = self.download_all(sha, tree, to_download, content_level == "content")
+            try:
+                done, mismatches = self.download_all(sha, tree, to_download, content_level == "content")
+            except SnapshotError as e:
+                e.fields["mismatches"] = verification["mismatches"] + e.fields.get("mismatches", [])
+                e.fields.setdefault("sha", sha)
+                raise
             dl_seconds = time.time() - t0
             for m in mismatches:
                 m["phase"] = "after download"

@@ -156,6 +156,29 @@ def test_missing_shard_is_the_only_download(hub, repos, tmp_path):
     assert hub.stats.count("GET", "tree") == 0  # the listing came from the manifest
 
 
+def test_copied_snapshot_verifies_locally_without_the_hub(hub, repos, tmp_path):
+    """Fan-out: a copy (new inodes) plus the manifest verifies with no Hub at all; damage is named."""
+    src = tmp_path / "m"
+    run_inproc(base_params(hub, repos, src, verify="sha256"))
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(src), str(copy)], check=True)
+    subprocess.run(["rm", "-rf", str(copy / ".cache")], check=True)
+    offline = dict(base_params(hub, repos, copy, verify="sha256"), endpoint="http://127.0.0.1:9")  # nothing there
+    hub.reset_stats()
+    res = run_inproc(offline)
+    assert res["changed"] is False and res["hub_contacted"] is False, res
+    assert res["verification"]["content_checked"] == len(EXPECTED_DEFAULT) and res["verification"]["trusted"] == 0
+    assert hub.stats.requests == []
+
+    # A damaged copy: only that file comes from the Hub (or mirror), the listing still does not.
+    subprocess.run(["cp", "-a", str(src), str(tmp_path / "copy2")], check=True)
+    copy2 = tmp_path / "copy2"
+    corrupt_keep_size_and_mtime(str(copy2 / "tokenizer.json"), offset=100)
+    res = run_inproc(base_params(hub, repos, copy2, verify="sha256"))
+    assert res["repaired"] == ["tokenizer.json"] and res["verification"]["mismatches"][0]["reason"] == "git-sha1", res
+    assert [r["path"] for r in body_gets(hub)] == ["tokenizer.json"] and hub.stats.count("GET", "tree") == 0
+
+
 def test_bad_download_is_refetched_once_then_named(hub, repos, tmp_path, monkeypatch):
     """A file that is wrong after download (here: the mirror serves other bytes) fails by name."""
     from ansible_collections.inferops.vllm.plugins.module_utils import hf_snapshot as mu
