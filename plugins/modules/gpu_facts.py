@@ -38,7 +38,7 @@ notes:
     when the output cannot be parsed; it never returns guessed numbers.
 seealso:
   - module: inferops.vllm.gpu_footprint
-author: inferops maintainers
+author: inferops maintainers (@inferops)
 """
 
 EXAMPLES = r"""

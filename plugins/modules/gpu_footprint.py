@@ -121,7 +121,7 @@ notes:
     cannot be parsed.
 seealso:
   - module: inferops.vllm.gpu_facts
-author: inferops maintainers
+author: inferops maintainers (@inferops)
 """
 
 EXAMPLES = r"""

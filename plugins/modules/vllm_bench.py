@@ -46,7 +46,7 @@ options:
     description: Seconds allowed for each request.
     type: float
     default: 120
-author: inferops maintainers
+author: inferops maintainers (@inferops)
 """
 
 EXAMPLES = r"""

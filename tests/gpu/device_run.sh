@@ -16,9 +16,9 @@ mkdir -p "$WORK/collections/ansible_collections/inferops" && ln -s "$ROOT" "$WOR
 export ANSIBLE_COLLECTIONS_PATH=$WORK/collections ANSIBLE_NOCOLOR=1 ANSIBLE_LOCALHOST_WARNING=0
 rc=0
 echo "######## 1. device_check"
-start=$(date +%s.%N)
+SECONDS=0
 OUT=$OUT/check ANSIBLE_BIN=$WORK/venv/bin/ansible bash "$ROOT/tests/gpu/device_check.sh" || rc=1
-echo "device_check took $(echo "$(date +%s.%N) - $start" | bc) s"
+echo "device_check took ${SECONDS} s"
 
 echo "######## 2. host layout"
 L=$WORK/layout; mkdir -p "$L"
@@ -30,7 +30,7 @@ cap smi_topo.out nvidia-smi topo -m
 cap smi_q_x.xml nvidia-smi -q -x
 cap smi_L.out nvidia-smi -L
 for bus in $(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader); do
-  d=/sys/bus/pci/devices/$(echo "${bus#0000}" | tr 'A-F' 'a-f' | sed 's/^0000//; s/^/0000/')
+  d=/sys/bus/pci/devices/$(echo "${bus:4}" | tr 'A-F' 'a-f')   # 00000000:18:00.0 -> 0000:18:00.0
   echo "$bus numa_node=$(cat "$d/numa_node" 2>&1) local_cpulist=$(cat "$d/local_cpulist" 2>&1)"
 done > "$L/sysfs_gpus.out" 2>&1
 printf 'sysfs_gpus.out\t0\tcat /sys/bus/pci/devices/<bus>/{numa_node,local_cpulist}\n' >> "$L/commands.tsv"
@@ -38,9 +38,9 @@ tar -C "$L" -czf "$OUT/layout.tar.gz" .
 cat "$L/sysfs_gpus.out"; head -5 "$L/numactl_H.out"
 
 echo "######## 3. plan on the real GPU"
-start=$(date +%s.%N)
+SECONDS=0
 "$WORK/venv/bin/ansible-playbook" "$ROOT/tests/gpu/plan_on_device.yml" \
   -e "python=$(command -v python3) holder=$ROOT/tests/gpu/hold_gpu_memory.py" > "$OUT/plan_on_device.log" 2>&1 || rc=1
-echo "plan_on_device took $(echo "$(date +%s.%N) - $start" | bc) s, rc so far $rc"
+echo "plan_on_device took ${SECONDS} s, rc so far $rc"
 tail -60 "$OUT/plan_on_device.log"
 exit $rc
