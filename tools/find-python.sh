@@ -6,7 +6,7 @@ candidates=(python3.14 python3.13 python3.12)
 for v in /root/.pyenv/versions/3.1[2-9]*/bin/python3 "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3; do
   [ -x "$v" ] && candidates+=("$v")
 done
-best= bestver=0
+best="" bestver=0
 for c in "${candidates[@]}"; do
   p=$(command -v "$c" 2>/dev/null) || continue
   ver=$("$p" -c 'import sys; print(sys.version_info[0]*100+sys.version_info[1])' 2>/dev/null) || continue

@@ -135,7 +135,7 @@ def main():
             model=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
             prompt=dict(type="str", default="Write a short story about a GPU that loved numbers."),
-            max_tokens=dict(type="int", default=64),
+            max_tokens=dict(type="int", default=64, no_log=False),
             requests=dict(type="int", default=8),
             concurrency=dict(type="int", default=4),
             timeout=dict(type="float", default=120),
@@ -151,11 +151,11 @@ def main():
         tokens, secs = _complete(p)
         start = time.monotonic()
         with ThreadPoolExecutor(max_workers=p["concurrency"]) as pool:
-            results = list(pool.map(lambda _: _complete(p), range(p["requests"])))
+            results = list(pool.map(lambda _i: _complete(p), range(p["requests"])))
         wall = time.monotonic() - start
     except Exception as exc:  # urllib errors, timeouts, bad JSON: all are a failed smoke test
         module.fail_json(msg="benchmark request to %s failed: %s" % (p["url"], exc))
-    total = sum(t for t, _ in results)
+    total = sum(tokens_done for tokens_done, _secs in results)
     module.exit_json(
         changed=False,
         single_stream_tokens_per_s=round(tokens / secs, 2),

@@ -84,7 +84,7 @@ def test_measures_single_stream_and_concurrency(server, monkeypatch):
     assert r["throughput_tokens_per_s"] > 0
     # warm-up (1 token) + single + 8 concurrent; every request carries the key as a bearer token
     assert len(_Handler.seen) == 10
-    assert {auth for _, _, auth in _Handler.seen} == {"Bearer sekrit"}
+    assert {seen[2] for seen in _Handler.seen} == {"Bearer sekrit"}
     assert _Handler.seen[0][1]["max_tokens"] == 1
     assert "sekrit" not in json.dumps(r)
 
