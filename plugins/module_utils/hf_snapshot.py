@@ -246,7 +246,7 @@ def classify(selected, tree, records, stat_fn, verify, reverify=False):
             bad.append(path)
         elif not reverify and is_trusted(records.get(path), st, meta, verify):
             trusted.append(path)
-        elif verify == "sha256" or reverify:
+        elif verify == "sha256":
             to_hash.append(path)
         else:
             present_ok.append(path)  # size matches; size mode asks no more
@@ -824,6 +824,8 @@ class Snapshot(object):
         sha, tree, tree_source = self.resolve_and_list(manifest_any)
         self.progress.sha = sha
         bad_paths = [p for p in tree if not safe_relpath(p)]
+        if bad_paths:
+            self.warn("skipped repository paths that cannot be stored under dest: %s" % ", ".join(sorted(bad_paths)[:5]))
         selected = sorted(p for p in filter_paths(list(tree), self.allow, self.ignore) if p not in bad_paths)
         if not selected:
             raise SnapshotError("no file of %s@%s matches allow_patterns %s / ignore_patterns %s"

@@ -11,8 +11,11 @@ Serves a tiny Llama plus N random shards (default 16 x 128 MiB = 2 GiB) from the
 3. sha256 verification of the shards: the module's thread pool vs a single-thread hashlib loop (ratio),
    files in the page cache (the CPU-bound case; on cold disks both are disk-bound).
 
+Every figure is the best of ``--repeat`` rounds (default 3): on a shared machine the best round is
+the one least disturbed by other work.
+
 Usage: .venv/bin/python tests/benchmarks/bench_hf_snapshot.py [--workdir DIR] [--shards 16] [--shard-mib 128]
-       [--keep] [--json FILE]
+       [--repeat 3] [--keep] [--json FILE]
 """
 from __future__ import annotations
 
@@ -94,6 +97,7 @@ def main(argv=None):
     ap.add_argument("--workdir", help="scratch directory (default: a new one under /var/tmp)")
     ap.add_argument("--shards", type=int, default=16)
     ap.add_argument("--shard-mib", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds per figure; the best one is reported")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--json", help="also write the figures to this file")
     a = ap.parse_args(argv)
@@ -124,23 +128,35 @@ def main(argv=None):
 
         # 1. cp of the same files on the same disk (source in the page cache, as for the server)
         cp_dst = os.path.join(work, "cp")
-        os.makedirs(cp_dst)
-        sync()
-        t0 = time.perf_counter()
-        subprocess.run(["cp", "--reflink=never"] + [os.path.join(src, n) for n in selected] + [cp_dst], check=True)
-        sync()
-        cp_s = time.perf_counter() - t0
-        shutil.rmtree(cp_dst)
+        cp_s = None
+        for _round in range(a.repeat):
+            os.makedirs(cp_dst)
+            sync()
+            t0 = time.perf_counter()
+            subprocess.run(["cp", "--reflink=never"] + [os.path.join(src, n) for n in selected] + [cp_dst],
+                           check=True)
+            sync()
+            took = time.perf_counter() - t0
+            cp_s = took if cp_s is None else min(cp_s, took)
+            shutil.rmtree(cp_dst)
         fig["cp"] = {"seconds": round(cp_s, 2), "mib_s": round(total / cp_s / MiB, 1)}
 
         for verify in ("size", "sha256"):
             dest = os.path.join(work, "dl-" + verify)
-            sync()
-            t0 = time.perf_counter()
-            res, wall = run_module(dict(base, dest=dest, verify=verify), work)
-            sync()
-            total_s = time.perf_counter() - t0
-            assert res["bytes_downloaded"] == total, res
+            best = None
+            for rnd in range(a.repeat):
+                if os.path.exists(dest):
+                    shutil.rmtree(dest)
+                sync()
+                t0 = time.perf_counter()
+                res, _wall = run_module(dict(base, dest=dest, verify=verify), work)
+                sync()
+                total_s = time.perf_counter() - t0
+                assert res["bytes_downloaded"] == total, res
+                print("  download verify=%s round %d: %.2f s" % (verify, rnd + 1, total_s), flush=True)
+                if best is None or total_s < best[0]:
+                    best = (total_s, res)
+            total_s, res = best
             fig["download_" + verify] = {
                 "module_seconds": res["seconds"], "download_seconds": res["download_seconds"],
                 "with_sync_seconds": round(total_s, 2), "mib_s": round(total / total_s / MiB, 1),
@@ -150,16 +166,20 @@ def main(argv=None):
 
         dest = os.path.join(work, "dl-sha256")
         # 2. re-run, everything present
-        res, wall = run_module(dict(base, dest=dest, verify="sha256"), work)
-        assert res["changed"] is False and res["hub_contacted"] is False, res
-        ans_wall, unchanged = run_ansible(dict(base, dest=dest, verify="sha256"), work)
-        assert unchanged
+        runs = [run_module(dict(base, dest=dest, verify="sha256"), work) for _round in range(a.repeat)]
+        for res, wall in runs:
+            assert res["changed"] is False and res["hub_contacted"] is False, res
+        res = min((r for r, _w in runs), key=lambda r: r["seconds"])
+        wall = min(w for _r, w in runs)
+        ans = [run_ansible(dict(base, dest=dest, verify="sha256"), work) for _round in range(a.repeat)]
+        assert all(unchanged for _w, unchanged in ans)
+        ans_wall = min(w for w, _u in ans)
         fig["rerun"] = {"module_seconds": res["seconds"], "process_wall_seconds": round(wall, 3),
                         "ansible_wall_seconds": round(ans_wall, 2), "http_requests": 0}
 
         # Manifest lost (files copied in from elsewhere): one listing call, every file hashed.
         os.remove(os.path.join(dest, hs.MANIFEST_NAME))
-        res, wall = run_module(dict(base, dest=dest, verify="sha256"), work)
+        res, _wall = run_module(dict(base, dest=dest, verify="sha256"), work)
         v = res["verification"]
         fig["rerun_without_manifest_sha256"] = {
             "module_seconds": res["seconds"], "bytes_hashed": v["bytes_hashed"], "hash_seconds": v["hash_seconds"],
@@ -169,13 +189,17 @@ def main(argv=None):
         paths = [os.path.join(dest, n) for n in selected if n.endswith(".safetensors")]
         nbytes = sum(os.path.getsize(p) for p in paths)
         single_thread_sha256(paths)  # warm the cache
-        t0 = time.perf_counter()
-        single_thread_sha256(paths)
-        one = time.perf_counter() - t0
         workers = min(8, os.cpu_count() or 1)
-        t0 = time.perf_counter()
-        hs.hash_many([(p, "sha256") for p in paths], workers)
-        par = time.perf_counter() - t0
+        one = par = None
+        for _round in range(a.repeat):  # interleaved, so both see the same background load
+            t0 = time.perf_counter()
+            single_thread_sha256(paths)
+            took = time.perf_counter() - t0
+            one = took if one is None else min(one, took)
+            t0 = time.perf_counter()
+            hs.hash_many([(p, "sha256") for p in paths], workers)
+            took = time.perf_counter() - t0
+            par = took if par is None else min(par, took)
         fig["sha256"] = {"bytes": nbytes, "single_thread_mib_s": round(nbytes / one / MiB, 1),
                          "pool_workers": workers, "pool_mib_s": round(nbytes / par / MiB, 1),
                          "ratio": round(one / par, 2)}

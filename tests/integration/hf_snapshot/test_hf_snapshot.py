@@ -131,6 +131,25 @@ def test_corrupted_shard_with_same_size_and_mtime_is_found_by_sha256_and_repaire
     assert same_as_source(dest, repos.src_tiny, EXPECTED_DEFAULT)
 
 
+def test_reverify_finds_damage_the_stat_tuple_cannot_see(hub, repos, tmp_path):
+    """Bit rot below the filesystem keeps the stat: simulated by re-recording the damaged file's stat."""
+    dest = tmp_path / "m"
+    run_inproc(base_params(hub, repos, dest, verify="sha256"))
+    shard = "model-00001-of-00004.safetensors"
+    corrupt_keep_size_and_mtime(str(dest / shard))
+    doc = json.loads((dest / MANIFEST).read_text())
+    st = os.stat(dest / shard)
+    doc["files"][shard].update(mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns, ino=st.st_ino, dev=st.st_dev)
+    (dest / MANIFEST).write_text(json.dumps(doc))
+
+    res = run_inproc(base_params(hub, repos, dest, verify="sha256"))
+    assert res["changed"] is False and res["verification"]["trusted"] == len(EXPECTED_DEFAULT), res  # the limit
+    res = run_inproc(base_params(hub, repos, dest, verify="sha256", reverify=True))
+    # every file hashed, plus the repaired one again after its download
+    assert res["repaired"] == [shard] and res["verification"]["content_checked"] == len(EXPECTED_DEFAULT) + 1, res
+    assert same_as_source(dest, repos.src_tiny, [shard])
+
+
 def test_truncated_shard_is_found_by_size_check(hub, repos, tmp_path):
     dest = tmp_path / "m"
     run_inproc(base_params(hub, repos, dest))

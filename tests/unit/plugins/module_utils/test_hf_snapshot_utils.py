@@ -201,8 +201,10 @@ def test_classify_sorts_files():
     assert got == {"trusted": ["a", "f"], "to_hash": ["b", "e"], "bad": ["c"], "missing": ["d"], "present_ok": []}
     got = hs.classify(sorted(tree), tree, records, stats.get, "size")
     assert got == {"trusted": ["a", "e", "f"], "to_hash": [], "bad": ["c"], "missing": ["d"], "present_ok": ["b"]}
-    got = hs.classify(sorted(tree), tree, records, stats.get, "size", reverify=True)
+    got = hs.classify(sorted(tree), tree, records, stats.get, "sha256", reverify=True)
     assert got["trusted"] == [] and got["to_hash"] == ["a", "b", "e", "f"]
+    got = hs.classify(sorted(tree), tree, records, stats.get, "size", reverify=True)
+    assert got["trusted"] == [] and got["to_hash"] == [] and got["present_ok"] == ["a", "b", "e", "f"]
 
 
 def test_manifest_roundtrip_and_rejections(tmp_path):
