@@ -49,6 +49,11 @@ DEFAULT_IGNORE_PATTERNS = ["original/*", "consolidated*.safetensors"]
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 HASH_CHUNK = 1 << 20
+# huggingface_hub's plain-HTTP download assembles 10 MiB chunks from 64 KiB reads before each write;
+# 1 MiB chunks halve its CPU cost per byte (measured: 256 MiB in 0.52 s of CPU instead of 0.72-1.7 s),
+# which is what bounds a download on few cores, and make partial files (progress, in-process
+# resume) advance in 1 MiB steps. Only this process is affected.
+HTTP_CHUNK = 1 << 20
 
 # Errors that a retry cannot fix (class names, matched along the MRO so this module needs no
 # huggingface_hub import). LocalEntryNotFoundError is the odd one: huggingface_hub raises it when
@@ -488,13 +493,15 @@ def import_hf():
     os.environ.setdefault("DO_NOT_TRACK", "1")
     try:
         import huggingface_hub
-        from huggingface_hub import HfApi, hf_hub_download
+        from huggingface_hub import HfApi, constants, hf_hub_download
     except ImportError as e:
         raise SnapshotError(
             "huggingface_hub cannot be imported by %s (%s). Run this module with an interpreter that has it, "
             "e.g. ansible_python_interpreter pointing at a tools venv with huggingface_hub installed."
             % (sys.executable, e),
             interpreter=sys.executable)
+    if isinstance(getattr(constants, "DOWNLOAD_CHUNK_SIZE", None), int):
+        constants.DOWNLOAD_CHUNK_SIZE = HTTP_CHUNK
     return {"version": getattr(huggingface_hub, "__version__", "unknown"), "HfApi": HfApi,
             "hf_hub_download": hf_hub_download}
 

@@ -227,8 +227,7 @@ def test_bad_download_is_refetched_once_then_named(hub, repos, tmp_path, monkeyp
 def test_killed_run_leaves_partials_that_the_rerun_removes(hub, repos, tmp_path):
     dest = tmp_path / "m"
     bulk = "bulk-00001-of-00001.safetensors"
-    # huggingface_hub writes in 10 MiB chunks: a partial file appears after 10 MiB of the 16 MiB shard.
-    hub.config.throttle_bps = 8 << 20
+    hub.config.throttle_bps = 8 << 20  # the 16 MiB shard takes 2 s
     hub.config.fault_glob = "bulk-*"
     proc = start_subprocess(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256"), tmp_path)
     deadline = time.time() + 20
@@ -257,17 +256,17 @@ def test_killed_run_leaves_partials_that_the_rerun_removes(hub, repos, tmp_path)
 
 
 def test_dropped_connection_resumes_with_range(hub, repos, tmp_path):
-    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE  # the library writes (and resumes) per chunk
+    from ansible_collections.inferops.vllm.plugins.module_utils.hf_snapshot import HTTP_CHUNK
 
     dest = tmp_path / "m"
     hub.config.fault_glob = "bulk-*"
-    hub.config.die_after_bytes = DOWNLOAD_CHUNK_SIZE + (1 << 20)
+    hub.config.die_after_bytes = 3 * HTTP_CHUNK + 1000  # the library writes, and resumes, whole chunks
     hub.config.die_times = 1
     res = run_inproc(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256"))
     assert res["changed"] is True and not res.get("failed"), res
     assert hub.stats.dropped == 1
     ranged = [r for r in body_gets(hub) if r["path"].startswith("bulk-") and r["range"]]
-    assert ranged and ranged[0]["status"] == 206 and ranged[0]["range"] == "bytes=%d-" % DOWNLOAD_CHUNK_SIZE
+    assert ranged and ranged[0]["status"] == 206 and ranged[0]["range"] == "bytes=%d-" % (3 * HTTP_CHUNK)
     assert same_as_source(dest, repos.src_bulk, ["bulk-00001-of-00001.safetensors"])
 
 
