@@ -42,7 +42,7 @@ def test_a_pinned_process_shows_up_on_its_gpus_only(host):
     host.run(f"systemctl stop {unit}.service")
     res = host.run(
         f"systemd-run --unit {unit} -p Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID "
-        f"-p Environment=CUDA_VISIBLE_DEVICES=2,3 /usr/local/bin/gpusim-hold --mib 4096 --all-visible"
+        f"-p Environment=CUDA_VISIBLE_DEVICES=2,3 /usr/bin/gpusim-hold --mib 4096 --all-visible"
     )
     assert res.rc == 0, res.stderr
     try:

