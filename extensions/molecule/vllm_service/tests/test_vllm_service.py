@@ -36,29 +36,43 @@ PYTHON = "/opt/inferops/vllm/current/bin/python"
 # --------------------------------------------------------------------------- helpers
 
 def ansible_module(module, args=None):
-    """Run one module of the collection on the test host (ad hoc); returns (rc, result dict)."""
-    cmd = ["ansible", "-i", INVENTORY, HOST, "-m", module]
-    if args is not None:
-        cmd += ["-a", json.dumps(args)]
-    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    try:
-        result = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"][HOST]
-    except (ValueError, KeyError, IndexError):
-        result = {"stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]}
-    return proc.returncode, result
+    """Run one module of the collection on the test host; returns (failed, result dict)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        playbook = [{
+            "hosts": HOST, "gather_facts": False,
+            "tasks": [
+                {"name": "Run " + module, module: args or {}, "register": "result", "ignore_errors": True},
+                {"name": "Save the result", "ansible.builtin.copy": {"content": "{{ result | to_json }}", "dest": out},
+                 "delegate_to": "localhost"},
+            ],
+        }]
+        with open(os.path.join(tmp, "run.yml"), "w") as fh:
+            yaml.safe_dump(playbook, fh)
+        proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(tmp, "run.yml")],
+                              capture_output=True, text=True, timeout=300)
+        if not os.path.exists(out):
+            return True, {"stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]}
+        with open(out) as fh:
+            result = json.load(fh)
+    return bool(result.get("failed")), result
 
 
 def converge(**overrides):
-    """Re-run the scenario's converge.yml with some variables overridden; returns the process."""
+    """Re-run the scenario's converge.yml with some variables overridden; returns (rc, output).
+
+    The output is stdout and stderr together, without colours, whitespace runs squeezed to one space.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(overrides, fh)
         path = fh.name
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     try:
-        return subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(SCENARIO, "converge.yml"),
-                               "-e", "@" + path], capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(SCENARIO, "converge.yml"),
+                               "-e", "@" + path], capture_output=True, text=True, timeout=900, env=env)
     finally:
         os.unlink(path)
+    return proc.returncode, " ".join((proc.stdout + "\n" + proc.stderr).split())
 
 
 def show(host, unit, prop):
@@ -85,8 +99,8 @@ def with_changes(name, **changes):
 
 @pytest.fixture(scope="module")
 def facts():
-    rc, result = ansible_module("inferops.vllm.gpu_facts")
-    assert rc == 0 and "ansible_facts" in result, result
+    failed, result = ansible_module("inferops.vllm.gpu_facts")
+    assert not failed and "ansible_facts" in result, result
     return result["ansible_facts"]
 
 
@@ -116,7 +130,7 @@ def test_every_planned_unit_is_active_and_enabled(host, plan):
         assert host.file(f"/etc/systemd/system/{entry['unit']}").content_string.startswith("#\n# Ansible managed")
 
 
-def test_instances_sit_on_different_numa_nodes(plan):
+def test_instances_sit_on_different_numa_nodes(host, plan):
     assert sorted(e["numa_node"] for e in plan) == [0, 1]
     assert not set(plan[0]["gpus"]) & set(plan[1]["gpus"])
 
@@ -194,10 +208,10 @@ def test_simulated_gpus_show_memory_on_exactly_the_planned_gpus(host, plan):
             assert mib < 100, (index, mib)
 
 
-def test_gpu_footprint_passes_against_the_plan(plan):
+def test_gpu_footprint_passes_against_the_plan(host, plan):
     expected = [x for e in plan for x in e["expected"]]
-    rc, result = ansible_module("inferops.vllm.gpu_footprint", {"expected": expected})
-    assert rc == 0, result
+    failed, result = ansible_module("inferops.vllm.gpu_footprint", {"expected": expected})
+    assert not failed, result
     assert result["deviations"] == []
 
 
@@ -206,9 +220,9 @@ def test_gpu_footprint_passes_against_the_plan(plan):
 def test_changing_one_instance_restarts_only_that_one(host, plan):
     a, b = plan[0]["unit"], plan[1]["unit"]
     before = started_at(host, a), started_at(host, b)
-    proc = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "Reload systemd" in proc.stdout
+    rc, out = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    assert rc == 0, out[-4000:]
+    assert "RUNNING HANDLER [inferops.vllm.vllm_service : Reload systemd]" in out
     assert started_at(host, a) == before[0]
     assert started_at(host, b) > before[1]
     mib, total = gpu_used(host)[plan[1]["gpus"][0]]
@@ -218,15 +232,15 @@ def test_changing_one_instance_restarts_only_that_one(host, plan):
 def test_a_bad_flag_fails_the_gate_with_the_journal_and_stops_the_instance(host, plan):
     a, b = plan[0]["unit"], plan[1]["unit"]
     before = started_at(host, a)
-    proc = converge(vllm_instances=with_changes(plan[1]["name"], extra_args=["--no-such-flag"]))
-    assert proc.returncode != 0
-    assert f"{b} failed its health gate" in proc.stdout
-    assert "lines of its journal" in proc.stdout and "--no-such-flag" in proc.stdout
+    rc, out = converge(vllm_instances=with_changes(plan[1]["name"], extra_args=["--no-such-flag"]))
+    assert rc != 0
+    assert f"{b} failed its health gate" in out
+    assert "lines of its journal" in out and "unrecognized arguments: --no-such-flag" in out
     assert show(host, b, "ActiveState") != "active"
     assert show(host, b, "SubState") != "auto-restart"
     assert started_at(host, a) == before
     for secret in SECRETS:
-        assert secret not in proc.stdout
+        assert secret not in out
 
 
 def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
@@ -237,9 +251,10 @@ def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
                     f"-p Environment=CUDA_VISIBLE_DEVICES={uuid} \"$(command -v gpusim-hold)\" --mib 2048")
     assert hold.rc == 0, hold.stderr
     try:
-        proc = converge()  # the original inputs: b's unit changes back, so it is restarted
-        assert proc.returncode != 0
-        assert "not idle" in proc.stdout and "stray-hold.service" in proc.stdout
+        rc, out = converge()  # the original inputs: b's unit changes back, so it is restarted
+        assert rc != 0
+        assert f"not starting {b}: its GPUs are not idle: GPU {plan[1]['gpus'][0]} ({uuid})" in out
+        assert "unit stray-hold.service" in out
         assert show(host, b, "ActiveState") != "active"
         assert show(host, b, "ExecMainPID") in ("0", "")  # never got past ExecStartPre
     finally:
@@ -249,8 +264,8 @@ def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
 def test_removing_an_instance_prunes_it(host, plan):
     a, b = plan[0]["unit"], plan[1]["unit"]
     before = started_at(host, a)
-    proc = converge(vllm_instances=instances_without(plan[1]["name"]))
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    rc, out = converge(vllm_instances=instances_without(plan[1]["name"]))
+    assert rc == 0, out[-4000:]
     assert not host.file(f"/etc/systemd/system/{b}").exists
     assert not host.file(f"/etc/inferops/vllm/{plan[1]['name']}.env").exists
     assert show(host, b, "LoadState") == "not-found"
