@@ -22,6 +22,7 @@ from ansible_collections.inferops.vllm.plugins.filter.gpu_plan import gpu_plan
 from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_specs
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import compress_ints
 from ansible.errors import AnsibleFilterError
+from systemd_unit import directives, environment, split_exec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 ROLE = os.path.join(ROOT, "roles", "vllm_service")
@@ -106,70 +107,6 @@ def deploy(tmp_path, host, instances, models=MODELS, kernel_nodes=(0, 1), system
         units[spec["unit"]] = render("vllm-instance.service.j2", variables, str(tmp_path / spec["unit"]))
         envs[spec["name"]] = render("instance.env.j2", variables, str(tmp_path / (spec["name"] + ".env")))
     return facts, plan, result, units, envs
-
-
-# --------------------------------------------------------------------------- reading a unit back
-
-def unit_lines(text):
-    """Logical lines of a unit file: comments dropped, backslash continuations joined (as systemd does)."""
-    out, cur = [], ""
-    for raw in text.splitlines():
-        if not cur and (raw.startswith("#") or raw.startswith(";")):
-            continue
-        if raw.endswith("\\"):
-            cur += raw[:-1] + " "
-            continue
-        cur += raw
-        if cur.strip():
-            out.append(cur.strip())
-        cur = ""
-    return out
-
-
-def directives(text):
-    """{key: [values]} over all sections ([Unit], [Service], [Install])."""
-    found = {}
-    for line in unit_lines(text):
-        if line.startswith("["):
-            continue
-        key, _, value = line.partition("=")
-        found.setdefault(key, []).append(value)
-    return found
-
-
-def split_exec(value):
-    """systemd's word splitting of ExecStart= (double quotes, backslash escapes, $$ and %%)."""
-    words, cur, i, quoted, have = [], "", 0, False, False
-    while i < len(value):
-        c = value[i]
-        if c == "\\" and i + 1 < len(value):
-            cur += {"n": "\n", "t": "\t"}.get(value[i + 1], value[i + 1])
-            i += 2
-            have = True
-            continue
-        if c == '"':
-            quoted = not quoted
-            have = True
-        elif c.isspace() and not quoted:
-            if have:
-                words.append(cur)
-            cur, have = "", False
-        else:
-            cur += c
-            have = True
-        i += 1
-    if have:
-        words.append(cur)
-    return [w.replace("$$", "$").replace("%%", "%") for w in words]
-
-
-def environment(text):
-    env = {}
-    for value in directives(text).get("Environment", []):
-        for word in split_exec(value):
-            k, _, v = word.partition("=")
-            env[k] = v
-    return env
 
 
 def flag_value(argv, flag):
