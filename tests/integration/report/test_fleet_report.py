@@ -62,7 +62,8 @@ def test_report_renders_rows_and_gpu_grid(tmp_path):
     host = _seed_host()
     gpus = host["gpus"] if "gpus" in host else host["ansible_facts"]["gpus"]
     links = host.get("gpu_links", host.get("links", {}))
-    footprint = [{"index": g["index"], "used_mib": 88000 if g["index"] < 4 else 3,
+    # chat-b's GPUs read idle: the report must say so instead of "healthy"
+    footprint = [{"index": g["index"], "used_mib": 88000 if g["index"] < 4 else 3, "ok": g["index"] < 4,
                   "expected_min_mib": 87074, "expected_max_mib": 89122} for g in gpus]
     extra = {
         "gpus": gpus, "links": links, "footprint": footprint,
@@ -87,6 +88,7 @@ def test_report_renders_rows_and_gpu_grid(tmp_path):
     assert "| chat-a | org/big-moe @ aaaaaaaaaaaa | 0,1,2,3 | 0 | 4 x 1 |" in rows[0], rows[0]
     assert "| chat-b | org/big-moe @ aaaaaaaaaaaa | 4,5,6,7 | 1 | 4 x 1 |" in rows[1], rows[1]
     assert "84.2" in rows[0] and "2510.4 (x4)" in rows[0]
+    assert "| ok |" in rows[0] and "**footprint off**" in rows[1]
     assert "| broken | - |" in md and "not verified" in md
     assert "NUMA 0: [GPU0=chat-a GPU1=chat-a GPU2=chat-a GPU3=chat-a]" in md
     html = (tmp_path / "reports" / "fleet-report.html").read_text()
@@ -96,3 +98,4 @@ def test_report_renders_rows_and_gpu_grid(tmp_path):
     text = " ".join(parser.text)
     assert "NUMA node 0" in text and "NUMA node 1" in text
     assert text.count("chat-b") >= 5  # table row, legend, four GPU tiles
+    assert text.count("healthy") == 1 and "footprint off" in text
