@@ -28,7 +28,7 @@ description:
   - In check mode reports what would be downloaded (count and bytes) without writing anything.
   - The token is passed to the library in memory only; it is never written to disk, returned or put
     on a command line. Telemetry is disabled.
-author: inferops maintainers
+author: inferops maintainers (@inferops)
 options:
   repo_id:
     description: Repository on the Hub, C(<org>/<name>).
