@@ -1,0 +1,208 @@
+# Apache License 2.0 (see LICENSE)
+"""What the vllm_weights role fetches on each host, and from where (controller side).
+
+``wanted_models(models, keys, ...)`` turns the model catalogue (``vllm_models``) and the keys one host
+needs (by default the models of its ``vllm_instances``) into one fetch item per snapshot: repository,
+revision, patterns, target directories, and the id ``<repo_id>@<revision>`` that hosts compare.
+
+``fanout_plan(wanted_by_host, host, ...)`` decides, for one host, which snapshots it fetches from the
+endpoint (the Hub or a mirror) and which it copies from another host of the play ("fetch once, fan
+out"), and whether it serves snapshots to others.
+
+Every problem names the host, the variable and the fix; all problems are reported at once.
+"""
+from __future__ import annotations
+
+import re
+
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+# The Hub's repository names: letters, digits, '-', '_', '.'; no '--' or '..' at the start or end.
+REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+VERIFY_MODES = ("size", "sha256")
+
+
+class WeightsPlanError(ValueError):
+    """Invalid input; the message lists every problem."""
+
+    def __init__(self, problems, host=None):
+        self.problems = list(problems)
+        where = "host %s: " % host if host else ""
+        ValueError.__init__(self, where + "; ".join(self.problems))
+
+
+def _patterns(value, where, name, problems):
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
+        problems.append("%s.%s must be a list of non-empty glob strings, got %r" % (where, name, value))
+        return None
+    return list(value)
+
+
+def _as_bool(value, where, problems):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return value.strip().lower() in ("true", "yes", "on", "1")
+    if value is None:
+        return False
+    problems.append("%s must be true or false, got %r" % (where, value))
+    return False
+
+
+def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models", verify="size",
+                  variable="vllm_weights_models"):
+    """The snapshots one host needs.
+
+    Returns ``{"models": [item, ...], "skipped": [{"key", "reason"}, ...]}``. An item is
+    ``{id, keys, repo_id, org, name, revision, pinned, allow_unpinned, allow_patterns, ignore_patterns,
+    verify, repo_dir, current, slug}``; ``allow_patterns``/``ignore_patterns`` are None when the model
+    does not set them (the module's defaults apply). Two keys naming the same repository and revision
+    share one item; the same repository at two revisions on one host is an error (one ``current``
+    link per repository).
+    """
+    problems = []
+    if not isinstance(models, dict):
+        raise WeightsPlanError(["vllm_models must be a dict of model key -> settings, got %s" % type(models).__name__],
+                               host)
+    if isinstance(keys, str) or not isinstance(keys, (list, tuple)):
+        raise WeightsPlanError(["%s must be a list of keys of vllm_models, got %r" % (variable, keys)], host)
+    if verify not in VERIFY_MODES:
+        problems.append("vllm_weights_verify is %r; use one of %s" % (verify, ", ".join(VERIFY_MODES)))
+    root = (models_dir or "").rstrip("/")
+    if not root.startswith("/"):
+        problems.append("vllm_weights_models_dir %r must be an absolute path" % models_dir)
+    items, skipped, by_repo = [], [], {}
+    seen_keys = set()
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            problems.append("%s holds %r; list keys of vllm_models" % (variable, key))
+            continue
+        if key in seen_keys:
+            continue
+        seen_keys.add(key)
+        where = "vllm_models['%s']" % key
+        if key not in models:
+            known = ", ".join(sorted(str(k) for k in models)) or "none"
+            problems.append("model '%s' (from %s or vllm_instances) is not in vllm_models (known: %s); add it there"
+                            % (key, variable, known))
+            continue
+        settings = models[key]
+        if not isinstance(settings, dict):
+            problems.append("%s must be a dict of settings, got %s" % (where, type(settings).__name__))
+            continue
+        repo_id = settings.get("repo_id")
+        if repo_id is None:
+            if settings.get("path"):
+                skipped.append({"key": key, "reason": "served from path %s, not fetched" % settings["path"]})
+            else:
+                problems.append("%s has neither repo_id nor path; give repo_id ('org/name') and revision" % where)
+            continue
+        parts = repo_id.split("/") if isinstance(repo_id, str) else []
+        if len(parts) != 2 or not all(REPO_PART_RE.match(p) for p in parts) or ".." in repo_id:
+            problems.append("%s.repo_id %r is not of the form 'org/name'" % (where, repo_id))
+            continue
+        revision = settings.get("revision")
+        allow_unpinned = _as_bool(settings.get("allow_unpinned", False), where + ".allow_unpinned", problems)
+        if not isinstance(revision, str) or not revision:
+            problems.append("%s.revision is missing; pin the commit sha (40 hex) the model was tested with" % where)
+            continue
+        pinned = SHA_RE.match(revision) is not None
+        if not pinned and not allow_unpinned:
+            problems.append("%s.revision %r is not a 40-hex commit sha; pin the commit, or set allow_unpinned: true "
+                            "to follow a branch or tag" % (where, revision))
+            continue
+        model_verify = settings.get("verify", verify)
+        if model_verify not in VERIFY_MODES:
+            problems.append("%s.verify is %r; use one of %s" % (where, model_verify, ", ".join(VERIFY_MODES)))
+            continue
+        allow = _patterns(settings.get("allow_patterns"), where, "allow_patterns", problems)
+        ignore = _patterns(settings.get("ignore_patterns"), where, "ignore_patterns", problems)
+        item_id = "%s@%s" % (repo_id, revision)
+        if repo_id in by_repo:
+            other = by_repo[repo_id]
+            if other["id"] != item_id:
+                problems.append("vllm_models['%s'] and vllm_models['%s'] both use %s, at revisions %s and %s; a host "
+                                "serves one revision of a repository (one current link): use one revision"
+                                % (other["keys"][0], key, repo_id, other["revision"], revision))
+            elif (other["allow_patterns"], other["ignore_patterns"], other["verify"]) != (allow, ignore, model_verify):
+                problems.append("vllm_models['%s'] and vllm_models['%s'] both fetch %s with different "
+                                "allow_patterns/ignore_patterns/verify; use the same values"
+                                % (other["keys"][0], key, item_id))
+            else:
+                other["keys"].append(key)
+            continue
+        repo_dir = "%s/%s" % (root, repo_id)
+        item = {"id": item_id, "keys": [key], "repo_id": repo_id, "org": parts[0], "name": parts[1],
+                "revision": revision, "pinned": pinned, "allow_unpinned": allow_unpinned,
+                "allow_patterns": allow, "ignore_patterns": ignore, "verify": model_verify,
+                "repo_dir": repo_dir, "current": repo_dir + "/current", "slug": "%s--%s" % (parts[0], parts[1])}
+        by_repo[repo_id] = item
+        items.append(item)
+    if problems:
+        raise WeightsPlanError(problems, host)
+    return {"models": items, "skipped": skipped}
+
+
+def _selection(item):
+    return (item.get("allow_patterns"), item.get("ignore_patterns"), item.get("verify"))
+
+
+def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, models_dir=None):
+    """For ``host``: what to fetch from the endpoint, what to copy from which host, whom to serve.
+
+    ``wanted_by_host``: host -> its ``wanted_models(...)["models"]`` (every host of the play batch).
+    ``hosts``: the play batch in order (default: the keys of ``wanted_by_host`` in order). Without
+    ``fanout`` every host fetches its own models from the endpoint. With it, each snapshot (id) is
+    fetched once from the endpoint by ``source`` (when given) or by the first host of ``hosts`` that
+    needs it, and copied by the other hosts that need it from that host.
+
+    Returns ``{"endpoint": [items], "peer": [{"source", "item"}], "serve": bool, "clients": [hosts],
+    "sources": {id: host}}``. ``endpoint`` may hold snapshots this host does not need itself (an
+    explicit source fetches whatever any host needs); those items carry ``"serve_only": true`` and,
+    with ``models_dir``, this host's directories.
+    """
+    order = list(hosts) if hosts is not None else list(wanted_by_host)
+    problems = []
+    if host not in wanted_by_host:
+        raise WeightsPlanError(["the play's hosts do not include %s (vllm_weights_wanted missing)" % host], host)
+    mine = list(wanted_by_host.get(host) or [])
+    if not fanout:
+        return {"endpoint": mine, "peer": [], "serve": False, "clients": [], "sources": {}}
+    if source and source not in order:
+        raise WeightsPlanError(["vllm_weights_fanout_source %s is not a host of this play batch (%s); name one of "
+                                "them, or leave it empty for the first host that needs each model"
+                                % (source, ", ".join(order))], host)
+    sources, first_item = {}, {}
+    for h in order:
+        for item in wanted_by_host.get(h) or []:
+            other = first_item.get(item["id"])
+            if other is None:
+                first_item[item["id"]] = (h, item)
+                sources[item["id"]] = source or h
+            elif _selection(other[1]) != _selection(item):
+                problems.append("%s is fetched with different allow_patterns/ignore_patterns/verify on %s and %s; "
+                                "fan-out copies one snapshot: use the same values on every host"
+                                % (item["id"], other[0], h))
+    if problems:
+        raise WeightsPlanError(problems, host)
+    endpoint, peer = [], []
+    for item in mine:
+        src = sources[item["id"]]
+        if src == host:
+            endpoint.append(item)
+        else:
+            peer.append({"source": src, "item": item})
+    mine_ids = {i["id"] for i in mine}
+    for item_id, src in sources.items():
+        if src == host and item_id not in mine_ids:
+            extra = dict(first_item[item_id][1], serve_only=True, keys=[])
+            if models_dir:
+                extra["repo_dir"] = "%s/%s" % (models_dir.rstrip("/"), extra["repo_id"])
+                extra["current"] = extra["repo_dir"] + "/current"
+            endpoint.append(extra)
+    clients = []
+    for h in order:
+        if h != host and any(sources[i["id"]] == host for i in wanted_by_host.get(h) or []):
+            clients.append(h)
+    return {"endpoint": endpoint, "peer": peer, "serve": bool(clients), "clients": clients, "sources": sources}
