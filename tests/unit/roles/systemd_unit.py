@@ -24,7 +24,7 @@ def directives(text):
     for line in unit_lines(text):
         if line.startswith("["):
             continue
-        key, _, value = line.partition("=")
+        key, _sep, value = line.partition("=")
         found.setdefault(key, []).append(value)
     return found
 
@@ -83,6 +83,6 @@ def environment(text):
     env = {}
     for value in directives(text).get("Environment", []):
         for word in split_exec(value, dollars=False):
-            k, _, v = word.partition("=")
+            k, _sep, v = word.partition("=")
             env[k] = v
     return env

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.join(PROJECT, ".build"))
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import plan as gpu_plan  # noqa: E402
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import service_specs  # noqa: E402
 
-with open(os.path.join(SCENARIO, "vars.yml")) as _fh:
-    VARS = yaml.safe_load(_fh)
+with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
+    VARS = yaml.safe_load(_fh)["provisioner"]["inventory"]["host_vars"][HOST]
 SECRETS = (VARS["vllm_service_api_key"], VARS["vllm_service_hf_token"])
 PYTHON = "/opt/inferops/vllm/current/bin/python"
 
@@ -50,7 +50,7 @@ def ansible_module(module, args=None):
         with open(os.path.join(tmp, "run.yml"), "w") as fh:
             yaml.safe_dump(playbook, fh)
         proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(tmp, "run.yml")],
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, check=False)
         if not os.path.exists(out):
             return True, {"stdout": proc.stdout[-3000:], "stderr": proc.stderr[-3000:]}
         with open(out) as fh:
@@ -69,7 +69,8 @@ def converge(**overrides):
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     try:
         proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(SCENARIO, "converge.yml"),
-                               "-e", "@" + path], capture_output=True, text=True, timeout=900, env=env)
+                               "-e", "@" + path], capture_output=True, text=True, timeout=900, env=env,
+                              check=False)
     finally:
         os.unlink(path)
     return proc.returncode, " ".join((proc.stdout + "\n" + proc.stderr).split())
