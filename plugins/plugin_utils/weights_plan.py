@@ -55,7 +55,7 @@ def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models"
     """The snapshots one host needs.
 
     Returns ``{"models": [item, ...], "skipped": [{"key", "reason"}, ...]}``. An item is
-    ``{id, keys, repo_id, org, name, revision, pinned, allow_unpinned, allow_patterns, ignore_patterns,
+    ``{id, model_keys, repo_id, org, name, revision, pinned, allow_unpinned, allow_patterns, ignore_patterns,
     verify, repo_dir, current, slug}``; ``allow_patterns``/``ignore_patterns`` are None when the model
     does not set them (the module's defaults apply). Two keys naming the same repository and revision
     share one item; the same repository at two revisions on one host is an error (one ``current``
@@ -124,16 +124,16 @@ def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models"
             if other["id"] != item_id:
                 problems.append("vllm_models['%s'] and vllm_models['%s'] both use %s, at revisions %s and %s; a host "
                                 "serves one revision of a repository (one current link): use one revision"
-                                % (other["keys"][0], key, repo_id, other["revision"], revision))
+                                % (other["model_keys"][0], key, repo_id, other["revision"], revision))
             elif (other["allow_patterns"], other["ignore_patterns"], other["verify"]) != (allow, ignore, model_verify):
                 problems.append("vllm_models['%s'] and vllm_models['%s'] both fetch %s with different "
                                 "allow_patterns/ignore_patterns/verify; use the same values"
-                                % (other["keys"][0], key, item_id))
+                                % (other["model_keys"][0], key, item_id))
             else:
-                other["keys"].append(key)
+                other["model_keys"].append(key)
             continue
         repo_dir = "%s/%s" % (root, repo_id)
-        item = {"id": item_id, "keys": [key], "repo_id": repo_id, "org": parts[0], "name": parts[1],
+        item = {"id": item_id, "model_keys": [key], "repo_id": repo_id, "org": parts[0], "name": parts[1],
                 "revision": revision, "pinned": pinned, "allow_unpinned": allow_unpinned,
                 "allow_patterns": allow, "ignore_patterns": ignore, "verify": model_verify,
                 "repo_dir": repo_dir, "current": repo_dir + "/current", "slug": "%s--%s" % (parts[0], parts[1])}
@@ -196,7 +196,7 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
     mine_ids = {i["id"] for i in mine}
     for item_id, src in sources.items():
         if src == host and item_id not in mine_ids:
-            extra = dict(first_item[item_id][1], serve_only=True, keys=[])
+            extra = dict(first_item[item_id][1], serve_only=True, model_keys=[])
             if models_dir:
                 extra["repo_dir"] = "%s/%s" % (models_dir.rstrip("/"), extra["repo_id"])
                 extra["current"] = extra["repo_dir"] + "/current"

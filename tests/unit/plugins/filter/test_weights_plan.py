@@ -81,7 +81,7 @@ def test_weights_fanout(case):
         assert plan["serve"] is bool(want["clients"])
         for item in plan["endpoint"]:
             if item.get("serve_only"):
-                assert item["keys"] == []
+                assert item["model_keys"] == []
                 if "serve_only_dir" in want:
                     assert item["repo_dir"] == want["serve_only_dir"]
 
