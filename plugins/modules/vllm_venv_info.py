@@ -71,7 +71,7 @@ notes:
     RV(stale) (left behind by an interrupted build); the caller decides what to do with them.
 seealso:
   - module: inferops.vllm.gpu_facts
-author: inferops maintainers
+author: inferops maintainers (@inferops)
 """
 
 EXAMPLES = r"""

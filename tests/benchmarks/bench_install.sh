@@ -28,8 +28,9 @@ trap cleanup EXIT
 podman rm -f "$name" >/dev/null 2>&1 || true
 podman run -d -q --name "$name" --systemd=always -v /opt/wheels:/opt/wheels:ro -v "$ca:$ca:ro" \
   localhost/inferops-testhost:latest /sbin/init >/dev/null
+# uv links from its cache with its default (hardlink: cache and venv share the container's file system)
 inside() { podman exec -e SSL_CERT_FILE="$ca" -e PIP_DISABLE_PIP_VERSION_CHECK=1 -e UV_NO_PROGRESS=1 \
-  -e UV_LINK_MODE=copy -e UV_PYTHON_DOWNLOADS=never "$name" bash -c "$1"; }
+  -e UV_PYTHON_DOWNLOADS=never "$name" bash -c "set -euo pipefail; trap 'rm -rf /b' EXIT; $1"; }
 measure() {  # LABEL COMMAND-INSIDE
   local start end
   echo "== $1" >&2
@@ -39,7 +40,7 @@ measure() {  # LABEL COMMAND-INSIDE
   printf '| %s | %.1f |\n' "$1" "$(echo "$end - $start" | bc)" | tee -a "$results" >&2
 }
 
-inside 'systemctl is-system-running --wait >/dev/null || true
+inside 'systemctl is-system-running --wait >/dev/null || true;
   python3 -m venv /opt/uvtool && /opt/uvtool/bin/pip install -q --cert '"$ca"' uv=='"$uv_version"'
   printf "torchvision; sys_platform == \"never\"\ntorchaudio; sys_platform == \"never\"\ntorchcodec; sys_platform == \"never\"\n" >/tmp/overrides.txt'
 uv=/opt/uvtool/bin/uv
@@ -48,21 +49,21 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # cold: a new venv and an empty cache each time
 measure "cold, pip (compiles bytecode)" \
-  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --cert $ca --find-links /opt/wheels $req; rm -rf /b"
+  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --cert $ca --find-links /opt/wheels $req"
 measure "cold, uv --compile-bytecode" \
-  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt --compile-bytecode $req; rm -rf /b"
+  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt --compile-bytecode $req"
 measure "cold, pip --no-compile" \
-  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --cert $ca --find-links /opt/wheels $req; rm -rf /b"
+  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --cert $ca --find-links /opt/wheels $req"
 measure "cold, uv (no bytecode)" \
-  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt $req; rm -rf /b"
+  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt $req"
 
 # wheelhouse: resolve + download once, then install from it with no index and an empty cache
 measure "wheelhouse: build once (uv pip compile + pip wheel)" \
-  "mkdir -p /wh && echo $req > /wh/requirements.in && UV_CACHE_DIR=/whc $uv pip compile -q --python /usr/bin/python3 --find-links /opt/wheels --overrides /tmp/overrides.txt -o /wh/requirements.txt /wh/requirements.in && PIP_CACHE_DIR=/whp /opt/uvtool/bin/pip wheel -q --no-deps --cert $ca --find-links /opt/wheels -w /wh -r /wh/requirements.txt; rm -rf /whc /whp; du -sh /wh"
+  "mkdir -p /wh && echo $req > /wh/requirements.in && UV_CACHE_DIR=/whc $uv pip compile -q --python /usr/bin/python3 --find-links /opt/wheels --overrides /tmp/overrides.txt -o /wh/requirements.txt /wh/requirements.in && PIP_CACHE_DIR=/whp /opt/uvtool/bin/pip wheel -q --no-deps --cert $ca --find-links /opt/wheels -w /wh -r /wh/requirements.txt; rm -rf /whc /whp"
 measure "wheelhouse: install, uv --offline --no-index (empty cache)" \
-  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --offline --no-index --find-links /wh --python /b/v/bin/python --overrides /tmp/overrides.txt -c /wh/requirements.txt $req; rm -rf /b"
+  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --offline --no-index --find-links /wh --python /b/v/bin/python --overrides /tmp/overrides.txt -c /wh/requirements.txt $req"
 measure "wheelhouse: install, pip --no-index --no-compile" \
-  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --no-index --find-links /wh -c /wh/requirements.txt $req; rm -rf /b /wh"
+  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --no-index --find-links /wh -c /wh/requirements.txt $req; rm -rf /wh"
 
 # the role: a first run (its own, empty uv cache under /var/cache/inferops/uv), then re-runs
 cat >"$work/inventory.yml" <<EOF
@@ -75,7 +76,6 @@ all:
       vllm_install_version: "$version"
       vllm_install_find_links: [/opt/wheels]
       vllm_install_ca_bundle: $ca
-      vllm_install_uv_link_mode: copy
       vllm_install_compile_bytecode: false
 EOF
 cat >"$work/site.yml" <<'EOF'
