@@ -14,7 +14,9 @@ What it serves, from ``--root`` laid out as ``<root>/<org>/<name>/<sha>/`` (the 
   download time, never from the files themselves;
 * only files the manifest records as verified, and only while their size, mtime and inode are the
   ones recorded (a file rewritten since it was verified answers 410 Gone, which ``hf_snapshot`` does
-  not retry, so a target fails naming it instead of copying a damaged file);
+  not retry, so a target fails naming it instead of copying a damaged file). With ``--staged`` (a
+  directory copied from the host that verified it, where inodes cannot match) the size alone must
+  match; either way the client verifies every file against the listing (size, or sha256);
 * ``GET /api/models/<org>/<name>[/revision/<sha>]``, ``GET /api/models/<org>/<name>/tree/<sha>[/<path>]``,
   ``HEAD|GET /<org>/<name>/resolve/<sha>/<path>`` (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``,
   ``X-Linked-Size``, ``Range`` -> 206) and ``GET /_mirror/stats``. Revisions are commit shas only.
@@ -22,7 +24,7 @@ What it serves, from ``--root`` laid out as ``<root>/<org>/<name>/<sha>/`` (the 
 Clients outside ``--allow`` (addresses or networks; none given = everyone) get 403. Nothing is
 written and no path from a URL reaches the file system except through the manifest's keys.
 
-usage: python hub_mirror.py --root DIR [--bind ADDR] [--port N] [--allow ADDR|CIDR ...]
+usage: python hub_mirror.py --root DIR [--bind ADDR] [--port N] [--allow ADDR|CIDR ...] [--staged]
 """
 from __future__ import annotations
 
@@ -90,9 +92,9 @@ class Stats(object):
         with self.lock:
             self.requests += 1
             self.bytes_sent += sent
-            if file_body:
+            if file_body:  # clients: model file bytes per client address
                 self.files += 1
-            self.clients[client] = self.clients.get(client, 0) + sent
+                self.clients[client] = self.clients.get(client, 0) + sent
 
     def as_dict(self):
         with self.lock:
@@ -106,8 +108,9 @@ class MirrorServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, root, bind="127.0.0.1", port=0, allow=None, quiet=False):
+    def __init__(self, root, bind="127.0.0.1", port=0, allow=None, quiet=False, staged=False):
         self.root = os.path.realpath(root)
+        self.staged = staged
         self.allow = [ipaddress.ip_network(a, strict=False) for a in (allow or [])]
         self.stats = Stats()
         self.quiet = quiet
@@ -286,8 +289,9 @@ class MirrorHandler(BaseHTTPRequestHandler):
                                % rel, {"X-Repo-Commit": rev})
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if (st.st_size, st.st_mtime_ns, st.st_ino) != (record.get("size"), record.get("mtime_ns"), record.get("ino")) \
-                    or st.st_size != int(meta["size"]):
+            recorded = (record.get("size"), record.get("mtime_ns"), record.get("ino"))
+            if st.st_size != int(meta["size"]) or (
+                    not self.server.staged and (st.st_size, st.st_mtime_ns, st.st_ino) != recorded):
                 return self._error(410, None, "%s changed on the source since it was verified; re-run the fetch on the "
                                    "source" % rel, {"X-Repo-Commit": rev})
             self._serve(f, st.st_size, meta, rev)
@@ -342,12 +346,14 @@ def main(argv=None):
     ap.add_argument("--allow", action="append", default=[], metavar="ADDR|CIDR",
                     help="clients allowed (repeatable; loopback always is); none = every client")
     ap.add_argument("--quiet", action="store_true", help="no line per request on stderr")
+    ap.add_argument("--staged", action="store_true",
+                    help="ROOT holds copies of verified snapshots: serve files whose size matches the listing")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.root):
         sys.stderr.write("hub_mirror: --root %s is not a directory\n" % args.root)
         return 2
     try:
-        server = MirrorServer(args.root, args.bind, args.port, args.allow, args.quiet)
+        server = MirrorServer(args.root, args.bind, args.port, args.allow, args.quiet, args.staged)
     except (OSError, ValueError) as e:
         sys.stderr.write("hub_mirror: cannot serve on %s:%s: %s\n" % (args.bind, args.port, e))
         return 2

@@ -135,6 +135,36 @@ def test_a_file_changed_on_the_source_is_refused_and_the_target_fails_naming_it(
     assert not os.path.exists(tmp_path / "h2" / source["sha"] / "model-00002-of-00004.safetensors")
 
 
+def test_a_staged_copy_is_served_only_with_staged(source, tmp_path):
+    """A snapshot copied elsewhere (air-gapped staging) keeps its manifest, not its inodes."""
+    import shutil
+    staged = tmp_path / "stage"
+    shutil.copytree(os.path.join(source["models"], "acme"), staged / "acme")
+    strict = MirrorServer(str(staged), "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=strict.serve_forever, daemon=True).start()
+    try:
+        status, headers, _b = get(strict, "/acme/gated/resolve/%s/config.json" % source["sha"])
+        assert status == 410 and "changed on the source" in headers["X-Error-Message"]
+    finally:
+        strict.shutdown()
+        strict.server_close()
+    relaxed = MirrorServer(str(staged), "127.0.0.1", 0, quiet=True, staged=True)
+    threading.Thread(target=relaxed.serve_forever, daemon=True).start()
+    try:
+        dest = tmp_path / "h2" / source["sha"]
+        res = fetch_from_mirror(relaxed, source, dest, verify="sha256")
+        assert not res.get("failed") and res["verification"]["result"] == "ok", res
+        # a staged file of the wrong size is still refused
+        shard = staged / "acme" / "gated" / source["sha"] / "model-00001-of-00004.safetensors"
+        with open(shard, "ab") as f:
+            f.write(b"x")
+        status, _h, _b = get(relaxed, "/acme/gated/resolve/%s/model-00001-of-00004.safetensors" % source["sha"])
+        assert status == 410
+    finally:
+        relaxed.shutdown()
+        relaxed.server_close()
+
+
 def test_files_the_source_did_not_fetch(source, mirror, tmp_path):
     # the default patterns skipped the repository's original/ and *.py files
     status, headers, _b = get(mirror, "/acme/gated/resolve/%s/modeling_tiny.py" % source["sha"])

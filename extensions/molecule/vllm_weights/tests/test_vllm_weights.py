@@ -1,0 +1,296 @@
+"""roles/vllm_weights in fan-out mode: host 1 fetched the gated tiny model from the loopback Hub,
+host 2 copied it from host 1 through the role's temporary mirror.
+
+Checks what the hosts hold and what the Hub and the mirror served, not what the role's files say.
+The later tests re-run converge.yml (unchanged, in check mode, after damaging a file, air-gapped
+from a staged directory on the host and on the controller); they leave the hosts as converge did.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import testinfra
+import yaml
+
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(
+    os.path.dirname(__file__), "..", "..", "..", "..")))
+SCENARIO = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(__file__)))
+INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
+EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "")
+sys.path.insert(0, os.path.join(PROJECT, ".build"))
+
+from ansible_collections.inferops.vllm.plugins.module_utils.hf_snapshot import (  # noqa: E402
+    DEFAULT_ALLOW_PATTERNS,
+    DEFAULT_IGNORE_PATTERNS,
+    filter_paths,
+)
+
+with open(os.path.join(SCENARIO, "vars.yml")) as _fh:
+    VARS = yaml.safe_load(_fh)
+with open(os.path.join(EPHEMERAL, "tiny-llama.sha")) as _fh:
+    SHA = _fh.read().strip()
+TOKEN = VARS["vllm_weights_hf_token"]
+REPO = VARS["vllm_models"]["tiny"]["repo_id"]
+SOURCE_DIR = os.path.join(EPHEMERAL, "tiny-llama")
+MODELS = "/var/lib/inferops/models"
+SNAPSHOT = f"{MODELS}/{REPO}/{SHA}"
+H1, H2 = "inferops-weights-1", "inferops-weights-2"
+SHARD = "model-00002-of-00004.safetensors"
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _source_files():
+    out = []
+    for root, _dirs, names in os.walk(SOURCE_DIR):
+        out += [os.path.relpath(os.path.join(root, n), SOURCE_DIR) for n in names]
+    return sorted(filter_paths(out, DEFAULT_ALLOW_PATTERNS, DEFAULT_IGNORE_PATTERNS))
+
+
+SELECTED = _source_files()
+EXPECTED = {p: _sha256(os.path.join(SOURCE_DIR, p)) for p in SELECTED}
+MODEL_BYTES = sum(os.path.getsize(os.path.join(SOURCE_DIR, p)) for p in SELECTED)
+
+
+def node(name):
+    return testinfra.get_host("podman://" + name)
+
+
+def hub_stats():
+    return json.loads(node("inferops-weights-hub").check_output("curl -sf http://127.0.0.1:8080/_admin/stats"))
+
+
+def file_bodies(stats):
+    return [r for r in stats["requests"] if r["method"] == "GET" and r["kind"] == "resolve"]
+
+
+def digests(host, top=SNAPSHOT):
+    out = host.check_output(f"cd {top} && sha256sum {' '.join(SELECTED)}")
+    return {line.split()[1]: line.split()[0] for line in out.splitlines()}
+
+
+def mirror_gets(host):
+    """GET lines the fan-out mirror logged on host (client address first)."""
+    log = host.run("journalctl -u inferops-weights-mirror.service -o cat --no-pager").stdout
+    return [ln for ln in log.splitlines() if '"GET /' in ln and "/resolve/" in ln]
+
+
+def converge(*args, **overrides):
+    """Re-run converge.yml with extra CLI args and variables overridden.
+
+    Returns (rc, output, seconds, facts): output is stdout and stderr together; facts maps each host to
+    what the role registered (vllm_weights_prechecks, vllm_weights_report), saved by a second play that
+    changes nothing.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = os.path.join(tmp, "vars.json")
+        with open(extra, "w") as fh:
+            json.dump(overrides, fh)
+        playbook = os.path.join(tmp, "run.yml")
+        with open(playbook, "w") as fh:
+            yaml.safe_dump([
+                {"ansible.builtin.import_playbook": os.path.join(SCENARIO, "converge.yml")},
+                {"name": "Save what the role registered", "hosts": "weights", "gather_facts": False, "tasks": [{
+                    "name": "Save", "delegate_to": "localhost", "changed_when": False,
+                    "ansible.builtin.copy": {
+                        "dest": tmp + "/{{ inventory_hostname }}.facts.json",
+                        "content": "{{ {'prechecks': vllm_weights_prechecks | default({}),"
+                                   " 'report': vllm_weights_report | default([])} | to_json }}"}}]},
+            ], fh)
+        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+        t0 = time.monotonic()
+        proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, playbook, "-e", "@" + extra, *args],
+                              capture_output=True, text=True, timeout=600, env=env)
+        seconds = time.monotonic() - t0
+        facts = {}
+        for name in os.listdir(tmp):
+            if name.endswith(".facts.json"):
+                with open(os.path.join(tmp, name)) as fh:
+                    facts[name[:-len(".facts.json")]] = json.load(fh)
+    return proc.returncode, proc.stdout + "\n" + proc.stderr, seconds, facts
+
+
+def recap(output):
+    """PLAY RECAP counters per host, summed over the plays."""
+    out = {}
+    for host, ok, changed, failed in re.findall(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)",
+                                                output, re.M):
+        c = out.setdefault(host, {"ok": 0, "changed": 0, "failed": 0})
+        c["ok"] += int(ok)
+        c["changed"] += int(changed)
+        c["failed"] += int(failed)
+    return out
+
+
+def squeeze(text):
+    return " ".join(text.split())
+
+
+def corrupt_keep_size_and_mtime(host, path):
+    host.check_output(
+        "python3 -c \"import os,sys; p=sys.argv[1]; st=os.stat(p); f=open(p,'r+b'); f.seek(4096); b=f.read(1); "
+        "f.seek(4096); f.write(bytes([b[0]^255])); f.close(); os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))\" "
+        + path)
+
+
+# --------------------------------------------------------------------------- the converged hosts
+
+@pytest.mark.parametrize("path", [MODELS, f"{MODELS}/{REPO.split('/')[0]}", f"{MODELS}/{REPO}", SNAPSHOT])
+def test_layout_is_the_service_users(host, path):
+    d = host.file(path)
+    assert d.is_directory
+    assert (d.user, d.group, d.mode) == ("vllm", "vllm", 0o750)
+
+
+def test_current_link_points_at_the_commit(host):
+    link = host.file(f"{MODELS}/{REPO}/current")
+    assert link.is_symlink and link.user == "vllm"
+    assert host.check_output(f"readlink {MODELS}/{REPO}/current") == SHA, "a relative link to the sha"
+    # what vllm_service serves: <models_dir>/<org>/<name>/current, readable by the service user
+    assert host.run(f"runuser -u vllm -- cat {MODELS}/{REPO}/current/config.json").rc == 0
+    assert host.run(f"runuser -u nobody -- cat {MODELS}/{REPO}/current/config.json").rc != 0
+
+
+def test_files_identical_to_the_published_model(host):
+    listed = sorted(host.check_output(f"cd {SNAPSHOT} && find . -path ./.cache -prune -o -type f -print "
+                                      f"| sed 's|^./||' | grep -v '^.inferops-verified.json$'").split())
+    assert listed == SELECTED
+    assert digests(host) == EXPECTED
+    for p in SELECTED:
+        f = host.file(f"{SNAPSHOT}/{p}")
+        assert (f.user, f.group) == ("vllm", "vllm")
+
+
+def test_manifest_is_for_this_commit(host):
+    doc = json.loads(host.file(f"{SNAPSHOT}/.inferops-verified.json").content_string)
+    assert (doc["repo_id"], doc["sha"]) == (REPO, SHA)
+    assert sorted(doc["files"]) == SELECTED
+    assert all(r["verified"] == "content" for r in doc["files"].values()), "verify: sha256 on both hosts"
+
+
+def test_the_hub_served_the_model_once():
+    stats = hub_stats()
+    bodies = file_bodies(stats)
+    assert sum(r["sent"] for r in bodies) == MODEL_BYTES, "Hub bytes = 1 x the model, for 2 hosts"
+    assert sorted(r["path"] for r in bodies) == SELECTED
+    assert sum(1 for r in stats["requests"] if r["kind"] == "tree") == 1
+    assert all(r["auth"] for r in stats["requests"]), "the gated repository was read with the token"
+
+
+def test_host2_copied_from_host1_through_the_mirror():
+    h1, h2 = node(H1), node(H2)
+    addr2 = h2.check_output("getent hosts %s | cut -d' ' -f1" % H2).strip()
+    gets = mirror_gets(h1)
+    assert len(gets) >= len(SELECTED)
+    assert all(ln.startswith(addr2 + " ") for ln in gets), "only host 2 copied"
+    assert mirror_gets(h2) == [], "host 2 served nobody"
+
+
+def test_mirror_is_stopped(host):
+    assert host.run("systemctl is-active inferops-weights-mirror.service").stdout.strip() != "active"
+    assert ":8973 " not in host.check_output("ss -ltnH")
+
+
+def test_no_token_anywhere(host):
+    assert not host.file("/run/inferops/weights/hf-token").exists
+    found = host.run(f"grep -rlF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev '{TOKEN}' / ")
+    assert found.stdout.strip() == "", found.stdout
+    assert TOKEN not in host.check_output("ps -efww")
+    assert TOKEN not in host.check_output("journalctl --no-pager -q")
+
+
+# --------------------------------------------------------------------------- re-runs
+
+def test_rerun_is_fast_unchanged_and_makes_no_request():
+    before = hub_stats()
+    rc, out, seconds, facts = converge("-v")
+    assert rc == 0, out[-4000:]
+    assert TOKEN not in out
+    counts = recap(out)
+    assert set(counts) == {H1, H2} and all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
+    checks = [res for host in (H1, H2) for res in facts[host]["prechecks"]["results"]]
+    assert len(checks) == 2, "one read-only check per host"
+    for res in checks:
+        assert res["would_download"]["files"] == 0 and res["hub_contacted"] is False, res
+        assert res["tree_source"] == "manifest"
+        assert res["seconds"] < 2, res["seconds"]
+    assert hub_stats()["requests"] == before["requests"]
+    print(f"re-run: {seconds:.1f} s end to end, module {max(r['seconds'] for r in checks):.3f} s")
+
+
+def test_check_mode_reports_a_damaged_file_and_changes_nothing():
+    h2 = node(H2)
+    corrupt_keep_size_and_mtime(h2, f"{SNAPSHOT}/{SHARD}")
+    damaged = digests(h2)[SHARD]
+    assert damaged != EXPECTED[SHARD]
+    served = len(mirror_gets(node(H1)))
+    rc, out, _s, _d = converge("--check")
+    assert rc == 0, out[-4000:]
+    text = squeeze(out)
+    assert re.search(r"1 files \([0-9.]+ MiB\) missing or damaged; would fetch from " + H1, text), text[-3000:]
+    assert digests(h2)[SHARD] == damaged, "check mode repaired nothing"
+    assert len(mirror_gets(node(H1))) == served, "check mode started no mirror"
+
+
+def test_damaged_file_is_repaired_from_the_peer_only():
+    h1, h2 = node(H1), node(H2)
+    before, served = hub_stats(), len(mirror_gets(h1))
+    rc, out, _s, _d = converge()
+    assert rc == 0, out[-4000:]
+    text = squeeze(out)
+    assert digests(h2) == EXPECTED
+    new = mirror_gets(h1)[served:]
+    assert len(new) == 1 and f"/resolve/{SHA}/{SHARD}" in new[0], new
+    assert hub_stats()["requests"] == before["requests"], "the Hub was not asked"
+    # progress lines from the async job, then the result
+    assert re.search(r"\(item=(downloading|done) " + re.escape(REPO) + r": [0-9.]+ [KM]iB / [0-9.]+ [KM]iB", text)
+    assert "1 repaired; verification sha256 ok" in text
+
+
+def test_air_gapped_from_a_directory_staged_on_the_host():
+    h2 = node(H2)
+    h2.check_output(f"rm -rf /srv/stage && mkdir -p /srv/stage/{REPO} && cp -a {SNAPSHOT} /srv/stage/{REPO}/ "
+                    f"&& rm -rf {SNAPSHOT} {MODELS}/{REPO}/current")
+    before = hub_stats()
+    rc, out, _s, _d = converge("--limit", H2, vllm_weights_fanout=False, vllm_weights_source_dir="/srv/stage",
+                               vllm_weights_endpoint="http://127.0.0.1:9", vllm_weights_hf_token="")
+    assert rc == 0, out[-4000:]
+    assert digests(h2) == EXPECTED
+    assert h2.check_output(f"readlink {MODELS}/{REPO}/current") == SHA
+    assert hub_stats()["requests"] == before["requests"]
+    assert h2.run("systemctl is-active inferops-weights-staged.service").stdout.strip() != "active"
+    assert "from staged directory /srv/stage" in squeeze(out)
+    h2.check_output("rm -rf /srv/stage")
+
+
+def test_air_gapped_from_a_directory_staged_on_the_controller(tmp_path):
+    stage = tmp_path / "stage"
+    os.makedirs(stage / REPO)
+    subprocess.run(["podman", "cp", f"{H1}:{SNAPSHOT}", str(stage / REPO / SHA)], check=True)
+    shutil.rmtree(stage / REPO / SHA / ".cache", ignore_errors=True)
+    h2 = node(H2)
+    h2.check_output(f"rm -rf {SNAPSHOT}")
+    before = hub_stats()
+    rc, out, _s, _d = converge("--limit", H2, vllm_weights_fanout=False, vllm_weights_source_dir=str(stage),
+                               vllm_weights_source_dir_on="controller", vllm_weights_endpoint="http://127.0.0.1:9",
+                               vllm_weights_hf_token="")
+    assert rc == 0, out[-4000:]
+    assert digests(h2) == EXPECTED
+    assert hub_stats()["requests"] == before["requests"]
+    doc = json.loads(h2.file(f"{SNAPSHOT}/.inferops-verified.json").content_string)
+    assert all(r["verified"] == "content" for r in doc["files"].values()), "re-verified on host 2"
