@@ -59,7 +59,8 @@ grep -q 'failed=0' "$demo/site.log" && ! grep -q 'unreachable=[1-9]' "$demo/site
   || { echo "site.yml failed: see $demo/site.log"; exit 1; }
 echo "site.yml took $(( $(date +%s) - start )) s"
 
-step "4/5 what the GPUs show (simulated nvidia-smi on the node)"
+step "4/5 the footprint: what the plan expects vs what the GPUs show"
+sed -n '/^| host/,/^$/p' reports/fleet-report.md
 podman exec "$node" nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
 podman exec "$node" nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv
 
