@@ -58,8 +58,10 @@ def ansible_module(module, args=None):
     return bool(result.get("failed")), result
 
 
-def converge(**overrides):
+def converge(*options, **overrides):
     """Re-run the scenario's converge.yml with some variables overridden; returns (rc, output).
+
+    ``options`` are more ansible-playbook arguments (``--check``).
 
     The output is stdout and stderr together, without colours, whitespace runs squeezed to one space.
     """
@@ -69,7 +71,7 @@ def converge(**overrides):
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     try:
         proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, os.path.join(SCENARIO, "converge.yml"),
-                               "-e", "@" + path], capture_output=True, text=True, timeout=900, env=env,
+                               "-e", "@" + path, *options], capture_output=True, text=True, timeout=900, env=env,
                               check=False)
     finally:
         os.unlink(path)
@@ -217,6 +219,15 @@ def test_gpu_footprint_passes_against_the_plan(host, plan):
 
 
 # --------------------------------------------------------------------------- lifecycle
+
+def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):
+    a, b = plan[0]["unit"], plan[1]["unit"]
+    before = started_at(host, a), started_at(host, b), host.file(f"/etc/systemd/system/{b}").sha256sum
+    rc, out = converge("--check", vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    assert rc == 0, out[-4000:]
+    assert f"Would restart (one at a time, each behind the health gate): {b}" in out
+    assert (started_at(host, a), started_at(host, b), host.file(f"/etc/systemd/system/{b}").sha256sum) == before
+
 
 def test_changing_one_instance_restarts_only_that_one(host, plan):
     a, b = plan[0]["unit"], plan[1]["unit"]
