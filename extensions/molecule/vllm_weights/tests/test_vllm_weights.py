@@ -262,35 +262,31 @@ def test_damaged_file_is_repaired_from_the_peer_only():
     assert "1 repaired; verification sha256 ok" in text
 
 
-def test_air_gapped_from_a_directory_staged_on_the_host():
-    h2 = node(H2)
-    h2.check_output(f"rm -rf /srv/stage && mkdir -p /srv/stage/{REPO} && cp -a {SNAPSHOT} /srv/stage/{REPO}/ "
-                    f"&& rm -rf {SNAPSHOT} {MODELS}/{REPO}/current")
-    before = hub_stats()
-    rc, out, _s, _d = converge("--limit", H2, vllm_weights_fanout=False, vllm_weights_source_dir="/srv/stage",
-                               vllm_weights_endpoint="http://127.0.0.1:9", vllm_weights_hf_token="")
-    assert rc == 0, out[-4000:]
-    assert digests(h2) == EXPECTED
-    assert h2.check_output(f"readlink {MODELS}/{REPO}/current") == SHA
-    assert hub_stats()["requests"] == before["requests"]
-    assert h2.run("systemctl is-active inferops-weights-staged.service").stdout.strip() != "active"
-    assert "from staged directory /srv/stage" in squeeze(out)
-    h2.check_output("rm -rf /srv/stage")
-
-
-def test_air_gapped_from_a_directory_staged_on_the_controller(tmp_path):
+def test_air_gapped_from_directories_staged_on_the_controller_and_on_the_host(tmp_path):
+    """Host 1 takes the snapshot from a directory on the controller, host 2 from one on its own disk;
+    neither may reach the Hub (the endpoint is a closed port). Both verify what they get (sha256)."""
+    h1, h2 = node(H1), node(H2)
     stage = tmp_path / "stage"
     os.makedirs(stage / REPO)
     subprocess.run(["podman", "cp", f"{H1}:{SNAPSHOT}", str(stage / REPO / SHA)], check=True)
     shutil.rmtree(stage / REPO / SHA / ".cache", ignore_errors=True)
-    h2 = node(H2)
-    h2.check_output(f"rm -rf {SNAPSHOT}")
+    h2.check_output(f"rm -rf /srv/stage && mkdir -p /srv/stage/{REPO} && cp -a {SNAPSHOT} /srv/stage/{REPO}/")
+    for h in (h1, h2):
+        h.check_output(f"rm -rf {SNAPSHOT} {MODELS}/{REPO}/current")
     before = hub_stats()
-    rc, out, _s, _d = converge("--limit", H2, vllm_weights_fanout=False, vllm_weights_source_dir=str(stage),
-                               vllm_weights_source_dir_on="controller", vllm_weights_endpoint="http://127.0.0.1:9",
-                               vllm_weights_hf_token="")
+    rc, out, _s, facts = converge(
+        molecule_stage={H1: {"dir": str(stage), "on": "controller"}, H2: {"dir": "/srv/stage", "on": "host"}},
+        vllm_weights_source_dir="{{ molecule_stage[inventory_hostname].dir }}",
+        vllm_weights_source_dir_on="{{ molecule_stage[inventory_hostname].on }}",
+        vllm_weights_fanout=False, vllm_weights_endpoint="http://127.0.0.1:9", vllm_weights_hf_token="")
     assert rc == 0, out[-4000:]
-    assert digests(h2) == EXPECTED
+    for h in (h1, h2):
+        assert digests(h) == EXPECTED
+        assert h.check_output(f"readlink {MODELS}/{REPO}/current") == SHA
+        doc = json.loads(h.file(f"{SNAPSHOT}/.inferops-verified.json").content_string)
+        assert all(r["verified"] == "content" for r in doc["files"].values()), "verified again on arrival"
     assert hub_stats()["requests"] == before["requests"]
-    doc = json.loads(h2.file(f"{SNAPSHOT}/.inferops-verified.json").content_string)
-    assert all(r["verified"] == "content" for r in doc["files"].values()), "re-verified on host 2"
+    assert facts[H1]["report"][0]["from"] == f"staged directory {stage} on the controller"
+    assert facts[H2]["report"][0]["from"] == "staged directory /srv/stage"
+    assert h2.run("systemctl is-active inferops-weights-staged.service").stdout.strip() != "active"
+    h2.check_output("rm -rf /srv/stage")
