@@ -30,7 +30,6 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import 
 with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
     VARS = yaml.safe_load(_fh)["provisioner"]["inventory"]["host_vars"][HOST]
 SECRETS = (VARS["vllm_service_api_key"], VARS["vllm_service_hf_token"])
-PYTHON = "/opt/inferops/vllm/current/bin/python"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -116,8 +115,10 @@ def plan(facts):
 def specs(host, plan):
     nodes = host.check_output("ls -d /sys/devices/system/node/node[0-9]* | sed 's|.*/node||'").split()
     version = host.check_output("systemctl --version").split()[1]
+    # the unit names the venv that `current` points to
+    python = host.check_output("readlink -f /opt/inferops/vllm/current") + "/bin/python"
     return {s["name"]: s for s in service_specs(
-        plan, VARS["vllm_models"], python=PYTHON, kernel_numa_nodes=[int(n) for n in nodes],
+        plan, VARS["vllm_models"], python=python, kernel_numa_nodes=[int(n) for n in nodes],
         online_cpus=host.file("/sys/devices/system/cpu/online").content_string.strip(),
         systemd_version=int(version))["instances"]}
 
