@@ -34,8 +34,8 @@ from ansible_collections.inferops.vllm.plugins.module_utils.hf_snapshot import (
     filter_paths,
 )
 
-with open(os.path.join(SCENARIO, "vars.yml")) as _fh:
-    VARS = yaml.safe_load(_fh)
+with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
+    VARS = yaml.safe_load(_fh)["provisioner"]["inventory"]["group_vars"]["all"]
 with open(os.path.join(EPHEMERAL, "tiny-llama.sha")) as _fh:
     SHA = _fh.read().strip()
 TOKEN = VARS["vllm_weights_hf_token"]
