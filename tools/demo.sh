@@ -55,8 +55,9 @@ step "3/5 site.yml (validate -> preflight/plan -> install -> fetch -> serve -> v
 start=$(date +%s)
 ansible-playbook -i "$inv" playbooks/site.yml -e "demo_model_sha=$sha" | tee "$demo/site.log" \
   | grep -v '^\s*$' | sed -n '/PLAY RECAP/,$p;/Show the plan/,/^TASK/p;/Fleet report/p' | grep -v '^TASK' || true
-grep -q 'failed=0' "$demo/site.log" && ! grep -q 'unreachable=[1-9]' "$demo/site.log" \
-  || { echo "site.yml failed: see $demo/site.log"; exit 1; }
+if ! grep -q 'failed=0' "$demo/site.log" || grep -q 'unreachable=[1-9]' "$demo/site.log"; then
+  echo "site.yml failed: see $demo/site.log"; exit 1
+fi
 echo "site.yml took $(( $(date +%s) - start )) s"
 
 step "4/5 the footprint: what the plan expects vs what the GPUs show"
