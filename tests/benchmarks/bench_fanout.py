@@ -159,10 +159,10 @@ def main(argv=None):
               % (model_bytes / MiB, args.shards, args.shard_mib, args.hosts, figures["load_before"],
                  figures["load_after"]))
         print("%-34s %12s %14s %10s" % ("", "Hub bytes", "x model size", "seconds"))
-        print("%-34s %12d %14.2f %10.2f" % ("independent downloads", ind["hub_bytes"], ind["hub_bytes"] / model_bytes,
-                                           ind["seconds"]))
-        print("%-34s %12d %14.2f %10.2f" % ("fetch once, fan out (mirror)", fan["hub_bytes"],
-                                           fan["hub_bytes"] / model_bytes, fan["seconds"]))
+        row = "%-34s %12d %14.2f %10.2f"
+        print(row % ("independent downloads", ind["hub_bytes"], ind["hub_bytes"] / model_bytes, ind["seconds"]))
+        print(row % ("fetch once, fan out (mirror)", fan["hub_bytes"], fan["hub_bytes"] / model_bytes,
+                     fan["seconds"]))
         print("  of which: first host from the Hub %.2f s; mirror sent %d bytes (%.2f x model size)"
               % (fan["first_host_seconds"], fan["mirror_bytes"], fan["mirror_bytes"] / model_bytes))
         print("every host holds exactly the published files: %s" % figures["identical"])
