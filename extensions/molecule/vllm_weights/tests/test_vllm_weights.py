@@ -230,7 +230,12 @@ def test_rerun_is_fast_unchanged_and_makes_no_request():
         assert res["tree_source"] == "manifest"
         assert res["seconds"] < 2, res["seconds"]
     assert hub_stats()["requests"] == before["requests"]
-    print(f"re-run: {seconds:.1f} s end to end, module {max(r['seconds'] for r in checks):.3f} s")
+    # figures for docs/weights.md (an ignored path)
+    out_dir = os.path.join(PROJECT, ".cache", "molecule-figures")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "vllm_weights.json"), "w") as fh:
+        json.dump({"rerun_seconds": round(seconds, 1), "rerun_module_seconds": [r["seconds"] for r in checks],
+                   "load": os.getloadavg()[0]}, fh)
 
 
 def test_check_mode_reports_a_damaged_file_and_changes_nothing():
