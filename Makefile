@@ -80,7 +80,7 @@ units: venv
 	@echo "== pytest (unit + integration)"; $(BIN)/python -m pytest -q tests/unit tests/integration
 
 molecule: venv collections image
-	@mkdir -p .cache/uv .cache/pip-wheelhouse
+	@mkdir -p .cache/uv .cache/pip-wheelhouse .cache/pip-weights
 	@for s in $(SCENARIOS); do echo "== molecule test -s $$s"; \
 	  start=$$(date +%s); $(BIN)/molecule test -s $$s; \
 	  echo "   molecule $$s: $$(( $$(date +%s) - start )) s"; done
