@@ -1,0 +1,158 @@
+"""After rollout.yml (side_effect.yml): the canary runs version B and kept serving throughout,
+fleet-a's gate failed on the stray and it rolled back to version A and serves again, the rollout
+stopped at fleet-a's batch and fleet-b was never touched. Then, with the stray gone, the read-only
+verify.yml passes on the whole fleet.
+
+What was recorded before the rollout (venvs, unit start times) and the rollout's output are in
+$MOLECULE_EPHEMERAL_DIRECTORY/fleet-rollout.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+import yaml
+
+SCENARIO = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(__file__)))
+EPHEMERAL = os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent")
+INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
+
+with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
+    _INV = yaml.safe_load(_fh)["provisioner"]["inventory"]
+INSTANCES = {
+    "fleet-canary": [i["name"] for i in _INV["host_vars"]["fleet-canary"]["vllm_instances"]],
+    "fleet-a": [i["name"] for i in _INV["host_vars"]["fleet-a"]["vllm_instances"]],
+    "fleet-b": [i["name"] for i in _INV["group_vars"]["class_seed"]["vllm_instances"]],
+}
+API_KEY = _INV["group_vars"]["vllm_nodes"]["vllm_service_api_key"]
+PREFIX = "/opt/inferops/vllm"
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    with open(os.path.join(EPHEMERAL, "fleet-rollout.json")) as fh:
+        data = json.load(fh)
+    print(f"rollout.yml: rc={data['rc']} wall time {data['seconds']}")
+    return data
+
+
+def _name(host):
+    return host.backend.get_hostname()
+
+
+def _current(host):
+    return os.path.basename(host.file(f"{PREFIX}/current").linked_to)
+
+
+def _port(host, instance):
+    unit = host.file(f"/etc/systemd/system/vllm-{instance}.service").content_string
+    return int(re.search(r"--port (\d+)", unit).group(1))
+
+
+def _task_lines(stdout, play):
+    """Result lines ('ok: [h]', 'changed: [h]', 'fatal: [h]' ...) of every run of a play."""
+    lines, inside = [], False
+    for line in stdout.splitlines():
+        if line.startswith("PLAY ["):
+            inside = line.startswith(f"PLAY [{play}]")
+        elif line.startswith("PLAY RECAP"):
+            inside = False
+        elif inside and re.match(r"^(ok|changed|fatal|failed|skipping|included|rescued): \[", line):
+            lines.append(line)
+    return lines
+
+
+def test_the_rollout_failed_and_stopped_after_fleet_a(rollout):
+    out = rollout["stdout"]
+    assert rollout["rc"] != 0, "the rollout must fail: fleet-a's gate failed"
+    batches = [line for line in out.splitlines() if line.startswith("PLAY [Roll out, batch by batch]")]
+    assert len(batches) == 2, f"canary batch + fleet-a's batch, then stop; got {len(batches)} batches"
+    touched = {re.search(r"\[([^\]]+)\]", line).group(1).split(" ")[0]
+               for line in _task_lines(out, "Roll out, batch by batch")}
+    assert "fleet-b" not in touched, "fleet-b's batch must never start"
+    assert {"fleet-canary", "fleet-a"} <= touched
+
+
+def test_the_gate_named_the_stray(rollout):
+    out = rollout["stdout"]
+    assert re.search(r"fleet-a: the rollout failed at '[^']+'", out), out[-3000:]
+    assert "fleet-stray.service" in out, "the footprint gate names the unit behind the stray"
+    assert "fleet-a was rolled back to its previous venv and is serving again" in out
+
+
+def test_versions_after_the_rollout(host, rollout):
+    name = _name(host)
+    before = rollout["before"][name]["current"]
+    if name == "fleet-canary":
+        assert _current(host) != before, "the canary runs version B"
+        assert host.run(f"{PREFIX}/current/bin/python -c 'import tabulate'").rc == 0
+    else:
+        assert _current(host) == before, "rolled back, or never touched: version A"
+        assert host.run(f"{PREFIX}/current/bin/python -c 'import tabulate'").rc != 0
+
+
+def test_fleet_a_keeps_version_b_installed_for_the_next_try(host):
+    if _name(host) != "fleet-a":
+        pytest.skip("fleet-a only")
+    venvs = [v for v in host.run(f"ls -1 {PREFIX}").stdout.split() if v != "current" and not v.startswith(".")]
+    assert len(venvs) == 2, f"version A (current) and version B (installed, not in use): {venvs}"
+
+
+def test_every_instance_serves_from_the_current_venv(host):
+    current = host.check_output(f"readlink -f {PREFIX}/current")
+    for instance in INSTANCES[_name(host)]:
+        pid = host.check_output(f"systemctl show --property=MainPID --value vllm-{instance}.service")
+        assert pid not in ("", "0"), f"vllm-{instance} runs"
+        exe = host.check_output(f"readlink -f /proc/{pid}/exe")
+        cmdline = host.file(f"/proc/{pid}/cmdline").content_string.replace("\0", " ")
+        assert current in cmdline or exe.startswith(current), (instance, cmdline, exe)
+        port = _port(host, instance)
+        assert host.run(f"curl -sf -o /dev/null http://127.0.0.1:{port}/health").rc == 0
+        out = host.check_output(
+            f"curl -sf -H 'Authorization: Bearer {API_KEY}' -H 'Content-Type: application/json' "
+            f"http://127.0.0.1:{port}/v1/completions "
+            "-d '{\"model\": \"tiny-llama\", \"prompt\": \"fleet\", \"max_tokens\": 4}'")
+        assert json.loads(out)["usage"]["completion_tokens"] >= 1
+
+
+def test_restarts_where_expected(host, rollout):
+    name = _name(host)
+    for instance in INSTANCES[name]:
+        now = host.check_output(
+            f"systemctl show --property=ExecMainStartTimestampMonotonic --value vllm-{instance}.service")
+        was = rollout["before"][name]["started"][instance]
+        if name == "fleet-b":
+            assert now == was, f"fleet-b's {instance} was never restarted"
+        else:
+            assert int(now) > int(was), f"{name}'s {instance} restarted (upgrade, or rollback)"
+
+
+def test_the_canary_never_dropped_to_zero_capacity(host):
+    if _name(host) != "fleet-canary":
+        pytest.skip("the canary runs two instances")
+    lines = host.file("/run/fleet-capacity.log").content_string.splitlines()
+    ports = lines[0].split()[1:]
+    samples = [line.split()[1:] for line in lines[1:] if len(line.split()) == len(ports) + 1]
+    assert len(ports) == 2 and len(samples) > 20, (ports, len(samples))
+    down = [i for i, codes in enumerate(samples) if "200" not in codes]
+    partial = [i for i, codes in enumerate(samples) if codes.count("200") == 1]
+    assert not down, f"{len(down)} samples (of {len(samples)}) with no instance answering /health"
+    # proof that the poller saw the restarts: each instance was down for a while, never both
+    assert {codes.index("200") for codes in (samples[i] for i in partial)} == {0, 1}, \
+        "each instance restarted while the other one served"
+
+
+def test_verify_passes_once_the_stray_is_gone(host):
+    """Last: remove the stray from fleet-a, then the read-only verify.yml passes on every host."""
+    if _name(host) != "fleet-b":
+        pytest.skip("runs once, after the other hosts' tests")
+    subprocess.run(["podman", "exec", "fleet-a", "systemctl", "stop", "fleet-stray.service"], check=True)
+    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "inferops.vllm.verify"],
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    recap = proc.stdout.split("PLAY RECAP")[-1]
+    for name in INSTANCES:
+        assert re.search(rf"{name}\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", recap), recap
