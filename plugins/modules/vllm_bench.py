@@ -46,6 +46,21 @@ options:
     description: Seconds allowed for each request.
     type: float
     default: 120
+  check_health:
+    description:
+      - Before measuring, wait up to O(health_timeout) seconds for C(GET /health) to answer 200, then
+        check that C(GET /v1/models) (with O(api_key)) lists O(model); fail with what the server said
+        otherwise. Saves the separate health tasks (one round trip per instance instead of three).
+    type: bool
+    default: false
+  health_timeout:
+    description: Seconds to wait for C(GET /health) with O(check_health).
+    type: float
+    default: 60
+  measure:
+    description: Run the benchmark. False with O(check_health) checks the server's health only.
+    type: bool
+    default: true
 author: inferops maintainers (@inferops)
 """
 
@@ -67,17 +82,17 @@ EXAMPLES = r"""
 RETURN = r"""
 single_stream_tokens_per_s:
   description: Completion tokens per second of one request alone.
-  returned: success
+  returned: success and O(measure)
   type: float
   sample: 84.2
 single_stream_latency_s:
   description: Wall time of that single request.
-  returned: success
+  returned: success and O(measure)
   type: float
   sample: 0.76
 throughput_tokens_per_s:
   description: Completion tokens per second over all requests of the concurrent phase.
-  returned: success
+  returned: success and O(measure)
   type: float
   sample: 2510.4
 concurrency:
@@ -92,9 +107,20 @@ requests:
   sample: 8
 completion_tokens:
   description: Completion tokens counted over the concurrent phase (from the server's usage report).
-  returned: success
+  returned: success and O(measure)
   type: int
   sample: 512
+served_models:
+  description: The model ids C(GET /v1/models) listed.
+  returned: success and O(check_health)
+  type: list
+  elements: str
+  sample: [tiny-llama]
+health_wait_s:
+  description: Seconds C(GET /health) took to answer 200.
+  returned: success and O(check_health)
+  type: float
+  sample: 0.004
 """
 
 import json
@@ -114,9 +140,7 @@ def _complete(params):
         "temperature": 0,
         "ignore_eos": True,
     })
-    headers = {"Content-Type": "application/json"}
-    if params.get("api_key"):
-        headers["Authorization"] = "Bearer %s" % params["api_key"]
+    headers = _headers(params)
     start = time.monotonic()
     resp = open_url(params["url"].rstrip("/") + "/v1/completions", data=body, headers=headers,
                     method="POST", timeout=params["timeout"])
@@ -126,6 +150,42 @@ def _complete(params):
     if tokens <= 0:
         raise ValueError("the server's answer has no completion_tokens in usage: %r" % (data,))
     return tokens, elapsed
+
+
+def _headers(params):
+    headers = {"Content-Type": "application/json"}
+    if params.get("api_key"):
+        headers["Authorization"] = "Bearer %s" % params["api_key"]
+    return headers
+
+
+def check_health(params):
+    """Wait for GET /health = 200, then GET /v1/models must list the model. Returns (seconds, ids)."""
+    base = params["url"].rstrip("/")
+    start = time.monotonic()
+    deadline = start + params["health_timeout"]
+    last = None
+    while True:
+        try:
+            resp = open_url(base + "/health", timeout=min(10.0, params["timeout"]))
+            if resp.getcode() == 200:
+                break
+            last = "HTTP %s" % resp.getcode()
+        except Exception as exc:  # refused while starting, HTTP 503 while loading: keep waiting
+            last = str(exc)
+        if time.monotonic() >= deadline:
+            raise RuntimeError("GET %s/health did not answer 200 within %g s (last: %s)"
+                               % (base, params["health_timeout"], last))
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+    waited = time.monotonic() - start
+    try:
+        data = json.loads(open_url(base + "/v1/models", headers=_headers(params), timeout=params["timeout"]).read())
+    except Exception as exc:
+        raise RuntimeError("GET %s/v1/models failed: %s" % (base, exc))
+    ids = [m.get("id") for m in data.get("data") or [] if isinstance(m, dict)]
+    if params["model"] not in ids:
+        raise RuntimeError("GET %s/v1/models lists %s, not the served model %s" % (base, ids, params["model"]))
+    return waited, ids
 
 
 def main():
@@ -139,6 +199,9 @@ def main():
             requests=dict(type="int", default=8),
             concurrency=dict(type="int", default=4),
             timeout=dict(type="float", default=120),
+            check_health=dict(type="bool", default=False),
+            health_timeout=dict(type="float", default=60),
+            measure=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -146,6 +209,15 @@ def main():
     for key in ("max_tokens", "requests", "concurrency"):
         if p[key] < 1:
             module.fail_json(msg="%s must be at least 1, got %d" % (key, p[key]))
+    result = {"changed": False}
+    if p["check_health"]:
+        try:
+            waited, ids = check_health(p)
+        except Exception as exc:
+            module.fail_json(msg=str(exc))
+        result.update(health_wait_s=round(waited, 3), served_models=ids)
+    if not p["measure"]:
+        module.exit_json(**result)
     try:
         _complete(dict(p, max_tokens=1))  # warm-up: first request pays for lazy initialisation
         tokens, secs = _complete(p)
@@ -157,13 +229,13 @@ def main():
         module.fail_json(msg="benchmark request to %s failed: %s" % (p["url"], exc))
     total = sum(tokens_done for tokens_done, _secs in results)
     module.exit_json(
-        changed=False,
         single_stream_tokens_per_s=round(tokens / secs, 2),
         single_stream_latency_s=round(secs, 3),
         throughput_tokens_per_s=round(total / wall, 2),
         concurrency=p["concurrency"],
         requests=p["requests"],
         completion_tokens=total,
+        **result
     )
 
 

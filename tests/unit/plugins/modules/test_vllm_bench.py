@@ -26,6 +26,30 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    ready_at = 0.0       # /health answers 503 until this time.monotonic()
+    models = ["tiny"]
+
+    def _json(self, code, payload):
+        out = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self):
+        cls = type(self)
+        cls.seen.append((self.path, None, self.headers.get("Authorization")))
+        if self.path == "/health":
+            self._json(200 if time.monotonic() >= cls.ready_at else 503, {})
+        elif self.path == "/v1/models":
+            if self.headers.get("Authorization") != "Bearer sekrit":
+                self._json(401, {"error": "bad key"})
+            else:
+                self._json(200, {"object": "list", "data": [{"id": m} for m in cls.models]})
+        else:
+            self.send_error(404)
+
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append((self.path, body, self.headers.get("Authorization")))
@@ -52,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
 def server():
     _Handler.seen = []
     _Handler.max_inflight = 0
+    _Handler.ready_at = 0.0
+    _Handler.models = ["tiny"]
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -104,3 +130,42 @@ def test_fails_clearly_when_nothing_listens(monkeypatch):
 def test_rejects_zero_concurrency(monkeypatch):
     res = _run(monkeypatch, {"url": "http://127.0.0.1:9", "model": "tiny", "concurrency": 0})
     assert isinstance(res, AnsibleFailJson) and "concurrency" in res.args[0]["msg"]
+
+
+def test_check_health_waits_for_health_then_checks_models(server, monkeypatch):
+    _Handler.ready_at = time.monotonic() + 1.0  # "loading" for a second: /health answers 503
+    res = _run(monkeypatch, {"url": server, "model": "tiny", "api_key": "sekrit", "check_health": True,
+                             "health_timeout": 10, "measure": False})
+    assert isinstance(res, AnsibleExitJson), res.args
+    r = res.args[0]
+    assert r["served_models"] == ["tiny"] and r["health_wait_s"] >= 0.9
+    assert "single_stream_tokens_per_s" not in r, "measure: false runs no benchmark"
+    paths = [seen[0] for seen in _Handler.seen]
+    assert paths.count("/health") >= 2 and paths[-1] == "/v1/models" and "/v1/completions" not in paths
+
+
+def test_check_health_then_measure(server, monkeypatch):
+    res = _run(monkeypatch, {"url": server, "model": "tiny", "api_key": "sekrit", "check_health": True,
+                             "max_tokens": 2, "requests": 2, "concurrency": 1})
+    assert isinstance(res, AnsibleExitJson), res.args
+    assert res.args[0]["served_models"] == ["tiny"] and res.args[0]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"models": ["other"]}, "lists ['other'], not the served model tiny"),
+    ({"ready_at": float("inf")}, "did not answer 200 within 1 s (last: HTTP Error 503"),
+])
+def test_check_health_fails_with_what_the_server_said(server, monkeypatch, change, message):
+    for key, value in change.items():
+        setattr(_Handler, key, value)
+    res = _run(monkeypatch, {"url": server, "model": "tiny", "api_key": "sekrit", "check_health": True,
+                             "health_timeout": 1})
+    assert isinstance(res, AnsibleFailJson)
+    assert message in res.args[0]["msg"], res.args[0]["msg"]
+
+
+def test_check_health_with_a_wrong_key_names_the_error(server, monkeypatch):
+    res = _run(monkeypatch, {"url": server, "model": "tiny", "api_key": "wrong", "check_health": True})
+    assert isinstance(res, AnsibleFailJson)
+    assert "/v1/models failed" in res.args[0]["msg"] and "401" in res.args[0]["msg"]
+    assert "wrong" not in res.args[0]["msg"]
