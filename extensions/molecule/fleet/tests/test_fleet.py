@@ -35,6 +35,7 @@ PREFIX = "/opt/inferops/vllm"
 def rollout():
     with open(os.path.join(EPHEMERAL, "fleet-rollout.json")) as fh:
         data = json.load(fh)
+    data["stdout"] = re.sub(r"\x1b\[[0-9;]*m", "", data["stdout"])
     print(f"rollout.yml: rc={data['rc']} wall time {data['seconds']}")
     return data
 
@@ -76,11 +77,18 @@ def test_the_rollout_failed_and_stopped_after_fleet_a(rollout):
     assert {"fleet-canary", "fleet-a"} <= touched
 
 
-def test_the_gate_named_the_stray(rollout):
+def test_the_footprint_gate_failed_fleet_a_and_it_rolled_back(rollout):
     out = rollout["stdout"]
     assert re.search(r"fleet-a: the rollout failed at '[^']+'", out), out[-3000:]
-    assert "fleet-stray.service" in out, "the footprint gate names the unit behind the stray"
+    assert 'vllm-chat.service failed its health gate at "Gate - check the GPU memory against the plan' in out, \
+        "it is the footprint gate that failed (the stray), not the start"
     assert "fleet-a was rolled back to its previous venv and is serving again" in out
+
+
+def test_check_mode_with_version_b_changed_nothing(host, rollout):
+    """side_effect.yml ran site.yml --check with version B before the rollout (it asserted the report)."""
+    name = _name(host)
+    assert rollout["after_check"][name] == rollout["before"][name], "same venv, no process restarted"
 
 
 def test_versions_after_the_rollout(host, rollout):
@@ -149,7 +157,7 @@ def test_verify_passes_once_the_stray_is_gone(host):
     """Last: remove the stray from fleet-a, then the read-only verify.yml passes on every host."""
     if _name(host) != "fleet-b":
         pytest.skip("runs once, after the other hosts' tests")
-    subprocess.run(["podman", "exec", "fleet-a", "systemctl", "stop", "fleet-stray.service"], check=True)
+    subprocess.run(["podman", "exec", "fleet-a", "rm", "/run/gpusim/stray.d/fleet-stray.json"], check=True)
     proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "inferops.vllm.verify"],
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
