@@ -83,8 +83,10 @@ options:
     default: true
 attributes:
   check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: full
 notes:
   - Text files only, meant for configuration and scripts (up to a few MiB each); use
