@@ -478,6 +478,18 @@ def test_profile_and_runtime_strays(sim, tmp_path):
     assert got[0][0] == SEED_IDLE
 
 
+def test_an_unlisted_stray_counts_in_memory_only(sim):
+    """"listed": false: memory held by a process this nvidia-smi cannot see (another PID namespace)."""
+    (sim.strays / "hidden.json").write_text(json.dumps({"gpu": SEED_GPUS[2]["uuid"], "used_mib": 2048,
+                                                        "listed": False}))
+    assert apps(sim, SEED) == []
+    got = query(sim, SEED)
+    assert got[2][0] == SEED_IDLE + 2048, "no process, so no context overhead either"
+    assert got[1][0] == SEED_IDLE
+    code, out = sim([], SEED)
+    assert code == 0 and "No running processes found" in out.decode()
+
+
 def test_id_selection_by_index_uuid_and_bus_id(sim, tmp_path):
     ids = "1,%s,0000:98:00.0,42" % SEED_GPUS[5]["uuid"]
     code, out = sim(["-i", ids, "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], SEED)
