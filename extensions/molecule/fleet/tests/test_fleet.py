@@ -35,7 +35,9 @@ PREFIX = "/opt/inferops/vllm"
 def rollout():
     with open(os.path.join(EPHEMERAL, "fleet-rollout.json")) as fh:
         data = json.load(fh)
+    # ansible-core >= 2.19 prints task errors on stderr: keep both, without colours
     data["stdout"] = re.sub(r"\x1b\[[0-9;]*m", "", data["stdout"])
+    data["all"] = data["stdout"] + "\n" + re.sub(r"\x1b\[[0-9;]*m", "", data.get("stderr", ""))
     print(f"rollout.yml: rc={data['rc']} wall time {data['seconds']}")
     return data
 
@@ -78,7 +80,7 @@ def test_the_rollout_failed_and_stopped_after_fleet_a(rollout):
 
 
 def test_the_footprint_gate_failed_fleet_a_and_it_rolled_back(rollout):
-    out = rollout["stdout"]
+    out = rollout["all"]
     assert re.search(r"fleet-a: the rollout failed at '[^']+'", out), out[-3000:]
     assert 'vllm-chat.service failed its health gate at "Gate - check the GPU memory against the plan' in out, \
         "it is the footprint gate that failed (the stray), not the start"
@@ -158,9 +160,10 @@ def test_verify_passes_once_the_stray_is_gone(host):
     if _name(host) != "fleet-b":
         pytest.skip("runs once, after the other hosts' tests")
     subprocess.run(["podman", "exec", "fleet-a", "rm", "/run/gpusim/stray.d/fleet-stray.json"], check=True)
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "inferops.vllm.verify"],
-                          capture_output=True, text=True, timeout=900, check=False)
+                          capture_output=True, text=True, timeout=900, check=False, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    recap = proc.stdout.split("PLAY RECAP")[-1]
+    recap = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout).split("PLAY RECAP")[-1]
     for name in INSTANCES:
         assert re.search(rf"{name}\s+: ok=\d+\s+changed=0\s+unreachable=0\s+failed=0", recap), recap
