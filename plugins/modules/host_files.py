@@ -153,7 +153,7 @@ from ansible.module_utils.common.text.converters import to_bytes, to_native
 
 
 def _unknown_owner(spec):
-    """Name the owner or group of spec that does not exist on this host, or None."""
+    """Whether the owner or group of spec names a user or group this host does not have."""
     for key, lookup in (("owner", pwd.getpwnam), ("group", grp.getgrnam)):
         value = spec.get(key)
         if value is None or str(value).isdigit():
@@ -161,8 +161,8 @@ def _unknown_owner(spec):
         try:
             lookup(value)
         except KeyError:
-            return "%s %s" % (key, value)
-    return None
+            return True
+    return False
 
 
 def _attrs(spec, path):
@@ -246,14 +246,11 @@ def ensure_file(module, spec, show, diffs):
         directory = os.path.dirname(path)
         if not os.path.isdir(directory):
             module.fail_json(msg="files: the directory of %s does not exist" % path)
+        # mkstemp makes it 0600; over an existing file, atomic_move gives it that file's mode and owner
         fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(wanted)
-            if not exists and spec.get("mode") is None:
-                os.chmod(tmp, 0o600)
-            elif exists:
-                os.chmod(tmp, os.stat(path).st_mode & 0o7777)
             if spec.get("validate"):
                 _run_validate(module, spec["validate"], tmp, path)
             module.atomic_move(tmp, path, unsafe_writes=False)

@@ -171,6 +171,20 @@ class Runner(object):
         raise AssertionError("module returned without exit_json/fail_json")
 
 
+def run_main(main, args, monkeypatch):
+    """Run a module's main() with args; returns ("ok", result) or ("fail", result)."""
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
+    with patch_module_args(args):
+        try:
+            main()
+        except AnsibleExitJson as exc:
+            return "ok", exc.args[0]
+        except AnsibleFailJson as exc:
+            return "fail", exc.args[0]
+    raise AssertionError("main() returned without exit_json/fail_json")
+
+
 def _exit_json(_self, **kwargs):
     kwargs.setdefault("changed", False)
     raise AnsibleExitJson(json.loads(json.dumps(kwargs)))

@@ -5,43 +5,19 @@ import pwd
 import stat
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.modules import host_files
 
+from gpu_harness import run_main
+
 ME = pwd.getpwuid(os.getuid()).pw_name
 MY_GROUP = grp.getgrgid(os.getgid()).gr_name
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
 def run(args, monkeypatch, check=False, diff=False):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff)
-    with patch_module_args(args):
-        try:
-            host_files.main()
-        except Exit as done:
-            return "ok", done.args[0]
-        except Fail as failed:
-            return "fail", failed.args[0]
-    raise AssertionError("main() returned without exit_json/fail_json")
+    return run_main(host_files.main, dict(args, _ansible_check_mode=check, _ansible_diff=diff), monkeypatch)
 
 
 def mode(path):

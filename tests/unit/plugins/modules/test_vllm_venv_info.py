@@ -7,43 +7,20 @@ import venv
 
 import pytest
 import yaml
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.modules import vllm_venv_info
+
+from gpu_harness import run_main as harness_run_main
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "vllm_venv_info_cases.yml")
 with open(DATA, encoding="utf-8") as handle:
     CASES = yaml.safe_load(handle)
 
 
-class Exit(Exception):
-    pass
-
-
-class Fail(Exception):
-    pass
-
-
 def run_main(args, monkeypatch):
-    def exit_json(self, **kwargs):
-        raise Exit(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise Fail(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    with patch_module_args(args):
-        try:
-            vllm_venv_info.main()
-        except Exit as done:
-            return "ok", done.args[0]
-        except Fail as failed:
-            return "fail", failed.args[0]
-    raise AssertionError("main() returned without exit_json/fail_json")
+    return harness_run_main(vllm_venv_info.main, args, monkeypatch)
 
 
 def make_venv(path, distribution=None, version=None):
