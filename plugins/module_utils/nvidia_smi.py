@@ -32,6 +32,29 @@ NVIDIA_SMI_ENV = {"LC_ALL": "C", "LANG": "C", "LC_MESSAGES": "C"}
 # Directories searched besides PATH (container toolkit and WSL layouts).
 NVIDIA_SMI_DIRS = ["/usr/bin", "/usr/local/bin", "/usr/local/nvidia/bin", "/usr/lib/wsl/lib"]
 
+# Footprint defaults, defined once: the gpu_footprint module, the planner (plugin_utils) and the
+# units' start check (vllm-gpu-idle) all read these.
+# The steady-state footprint of a vLLM is gpu_memory_utilization x total "within about a GiB"
+# (CUDA graphs, NCCL buffers); a torch process holding 20 GiB showed 619 MiB on top (context).
+FOOTPRINT_TOLERANCE_MIB = 1024
+# Idle GPUs show 0-3 MiB (real H200 / RTX PRO 6000); one CUDA context is ~600 MiB (H200).
+IDLE_MAX_MIB = 256
+# The memory base vLLM's --gpu-memory-utilization applies to: what CUDA sees as the GPU's total,
+# memory.total minus memory.reserved (driver and firmware).
+MEMORY_BASE = "total_minus_reserved"
+MEMORY_BASES = ("total_minus_reserved", "total")
+
+
+def usable_mib(gpu, base=MEMORY_BASE):
+    """The GPU's total memory on ``base`` (MiB), from a gpu_facts entry; None when unknown."""
+    total = gpu.get("memory_total_mib")
+    if total is None:
+        return None
+    reserved = gpu.get("memory_reserved_mib")
+    if base == "total_minus_reserved" and reserved is not None:
+        return total - reserved
+    return total
+
 GPU_FIELDS = (
     "index",
     "uuid",
@@ -420,8 +443,13 @@ def parse_topo(text):
                 raise NvidiaSmiParseError("nvidia-smi topo -m: %r is not a link type (row %s)" % (link, label))
         if links[devices.index(label)] != "X":
             raise NvidiaSmiParseError("nvidia-smi topo -m: row %s does not link to itself with X" % label)
-        values = [c.strip() for c in cells[1 + ndev:]]
-        values = [v for v in values if v]
+        raw = [c.strip() for c in cells[1 + ndev:]]
+        values = [v for v in raw if v]
+        if (len(values) == len(trailing) - 1 and trailing and trailing[0] == "CPU Affinity"
+                and raw and not raw[0]):
+            # Hosts whose NUMA nodes interleave CPUs print an empty CPU Affinity cell
+            # ("NODE\t\t0\t\tN/A"): keep the column, unknown (sysfs fills it in).
+            values = [""] + values
         rows[label] = (links, values, line)
 
     legend = {}
@@ -471,7 +499,9 @@ def parse_topo(text):
                 entry["links"][int(om.group(1))] = link
             else:
                 entry["nics"][other] = link
-        if "CPU Affinity" in by_col:
+        if "CPU Affinity" in by_col and not by_col["CPU Affinity"]:
+            entry["cpu_affinity_empty"] = True
+        elif "CPU Affinity" in by_col:
             try:
                 entry["cpu_affinity"] = parse_cpulist(by_col["CPU Affinity"])
             except NvidiaSmiParseError as exc:
@@ -750,8 +780,11 @@ def attach_processes(gpus, apps, proc_root=None):
     return result
 
 
-def build_facts(gpus, apps, topo, versions, sysfs_root=None, proc_root=None):
-    """Assemble ``gpus``, ``gpu_links``, ``gpu_driver`` and ``gpu_processes`` (facts contract)."""
+def build_facts(gpus, apps, topo, versions, sysfs_root=None, proc_root=None, warnings=None):
+    """Assemble ``gpus``, ``gpu_links``, ``gpu_driver`` and ``gpu_processes`` (facts contract).
+
+    ``warnings``: a list that gets one sentence per fallback taken (an empty CPU Affinity cell).
+    """
     topo_gpus = topo["gpus"] if topo else {}
     facts_gpus = []
     for gpu in gpus:
@@ -762,6 +795,11 @@ def build_facts(gpus, apps, topo, versions, sysfs_root=None, proc_root=None):
         cpus = t.get("cpu_affinity")
         if cpus is None:
             cpus = sysfs_local_cpulist(gpu["pci_bus_id"], sysfs_root)
+            if t.get("cpu_affinity_empty") and warnings is not None:
+                warnings.append(
+                    "nvidia-smi topo -m printed an empty CPU Affinity for GPU %s (NUMA nodes with interleaved "
+                    "CPUs); read local_cpulist from sysfs instead: %s"
+                    % (gpu["index"], ",".join(str(c) for c in cpus) if cpus else "unknown (no CPU pinning)"))
         facts_gpus.append({
             "index": gpu["index"],
             "uuid": gpu["uuid"],
@@ -805,4 +843,4 @@ def gather_facts(smi):
     apps = smi.query_compute_apps()
     topo = smi.topology()
     versions = smi.versions()
-    return build_facts(gpus, apps, topo, versions, smi.sysfs_root, smi.proc_root)
+    return build_facts(gpus, apps, topo, versions, smi.sysfs_root, smi.proc_root, smi.warnings)

@@ -97,6 +97,15 @@ options:
       - When false, a GPU named twice is an error in O(expected).
     type: bool
     default: false
+  memory_base:
+    description:
+      - What O(expected[].used_fraction) is a fraction of.
+      - C(total_minus_reserved) - C(memory.total - memory.reserved), the memory CUDA sees and the
+        base vLLM's C(--gpu-memory-utilization) applies to (the planner checks the fit on the same base).
+      - C(total) - C(memory.total) as C(nvidia-smi) prints it.
+    type: str
+    choices: [total_minus_reserved, total]
+    default: total_minus_reserved
   wait_timeout:
     description:
       - Seconds to keep reading until the footprint holds (weights load progressively, the KV
@@ -212,16 +221,19 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     NvidiaSmi,
     NvidiaSmiError,
+    FOOTPRINT_TOLERANCE_MIB,
+    IDLE_MAX_MIB,
+    MEMORY_BASE,
+    MEMORY_BASES,
     attach_processes,
     find_nvidia_smi,
     normalize_bus_id,
+    usable_mib,
 )
 
-# The steady-state footprint of a vLLM is gpu_memory_utilization x total "within about a GiB"
-# (CUDA graphs, NCCL buffers); a torch process holding 20 GiB showed 619 MiB on top (context).
-DEFAULT_TOLERANCE_MIB = 1024
-# Idle GPUs show 0-3 MiB (real H200 / RTX PRO 6000); one CUDA context is ~600 MiB (H200).
-DEFAULT_IDLE_MAX_MIB = 256
+# Defined once in module_utils (the planner and the units' start check use the same values).
+DEFAULT_TOLERANCE_MIB = FOOTPRINT_TOLERANCE_MIB
+DEFAULT_IDLE_MAX_MIB = IDLE_MAX_MIB
 
 _now = time.monotonic
 _sleep = time.sleep
@@ -229,15 +241,6 @@ _sleep = time.sleep
 
 class FootprintError(Exception):
     """The expectation cannot be checked on this host (bad option, unknown GPU, MIG)."""
-
-
-def usable_mib(gpu):
-    """The memory CUDA (and so vLLM's gpu_memory_utilization) counts as the GPU's total."""
-    total = gpu.get("memory_total_mib")
-    if total is None:
-        return None
-    reserved = gpu.get("memory_reserved_mib")
-    return total - reserved if reserved is not None else total
 
 
 def _gpu_list(gpus):
@@ -273,7 +276,7 @@ def _unit_name(unit):
     return unit if "." in unit else unit + ".service"
 
 
-def plan_expectations(expected, gpus, allow_shared=False):
+def plan_expectations(expected, gpus, allow_shared=False, memory_base=MEMORY_BASE):
     """Validate ``expected`` against the GPUs -> {index: merged expectation}."""
     per_gpu = {}
     for i, entry in enumerate(expected or []):
@@ -316,7 +319,7 @@ def plan_expectations(expected, gpus, allow_shared=False):
             if used_mib is not None:
                 amount = used_mib
             else:
-                base = usable_mib(gpu)
+                base = usable_mib(gpu, memory_base)
                 if base is None:
                     raise FootprintError(
                         "%s: GPU %d reports no total memory, so used_fraction cannot be applied"
@@ -437,6 +440,7 @@ def run_module():
             idle_max_mib=dict(type="int", default=DEFAULT_IDLE_MAX_MIB),
             idle_gpus=dict(type="str", default="must_be_idle", choices=["must_be_idle", "ignore"]),
             allow_shared_gpus=dict(type="bool", default=False),
+            memory_base=dict(type="str", default=MEMORY_BASE, choices=list(MEMORY_BASES)),
             wait_timeout=dict(type="int", default=0),
             poll_interval=dict(type="float", default=5),
             nvidia_smi=dict(type="path", required=False),
@@ -462,7 +466,7 @@ def run_module():
             apps = smi.query_compute_apps()
             result["polls"] += 1
             if plan is None:
-                plan = plan_expectations(p["expected"], gpus, p["allow_shared_gpus"])
+                plan = plan_expectations(p["expected"], gpus, p["allow_shared_gpus"], p["memory_base"])
             processes = attach_processes(gpus, apps, smi.proc_root)
             result["gpus"], result["deviations"] = evaluate(
                 gpus, processes, plan, p["idle_max_mib"], p["idle_gpus"])

@@ -31,6 +31,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
+    FOOTPRINT_TOLERANCE_MIB,
+    MEMORY_BASE,
+    usable_mib,
+)
+
 __all__ = [
     "PlanError",
     "plan",
@@ -47,7 +53,7 @@ __all__ = [
 DEFAULT_RESERVE_MIB = 4096
 #: How far the measured footprint may stray from ``gpu_memory_utilization x total`` (CUDA graphs,
 #: NCCL buffers): about a GiB.
-DEFAULT_TOLERANCE_MIB = 1024
+DEFAULT_TOLERANCE_MIB = FOOTPRINT_TOLERANCE_MIB
 #: Upper bound for the summed ``gpu_memory_utilization`` of instances sharing one GPU.
 SHARE_LIMIT = 0.95
 #: Above this many candidate groups per instance, fall back from exhaustive search to greedy growth.
@@ -58,20 +64,6 @@ SEARCH_BUDGET = 20000
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 #: systemd unit names are limited to 255 characters.
 UNIT_NAME_MAX = 255
-
-KNOWN_KEYS = (
-    "name",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "gpus",
-    "numa_node",
-    "gpu_memory_utilization",
-    "port",
-    "allow_cross_numa",
-    "weights_bytes",
-    "num_attention_heads",
-    "num_key_value_heads",
-)
 
 # Link ranks, tightest first. Unknown pairs rank between NODE and SYS.
 _RANK_NV, _RANK_PIX, _RANK_PXB, _RANK_PHB, _RANK_NODE, _RANK_UNKNOWN, _RANK_SYS = range(7)
@@ -155,16 +147,6 @@ def _is_auto(value) -> bool:
     return value is None or (isinstance(value, str) and value.strip().lower() == "auto")
 
 
-def _edit_distance(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -243,7 +225,7 @@ def _lookup_link(links, a: int, b: int):
     return None
 
 
-def _build_host(gpus, links, where: str) -> _Host:
+def _build_host(gpus, links, where: str, memory_base=MEMORY_BASE) -> _Host:
     if gpus is None:
         gpus = []
     if not isinstance(gpus, (list, tuple)):
@@ -261,6 +243,9 @@ def _build_host(gpus, links, where: str) -> _Host:
             problems.append(f"ansible_facts.gpus[{pos}] has no valid 'index'; gather the facts with inferops.vllm.gpu_facts")
             continue
         total = g.get("memory_total_mib")
+        if _is_int(total) and total > 0 and _is_int(g.get("memory_reserved_mib")):
+            # the base vLLM's gpu_memory_utilization (and gpu_footprint's used_fraction) applies to
+            total = usable_mib(g, memory_base)
         if not _is_int(total) or total <= 0:
             problems.append(f"ansible_facts.gpus[{pos}] (GPU {idx}) has no valid 'memory_total_mib'; "
                             "gather the facts with inferops.vllm.gpu_facts")
@@ -366,7 +351,8 @@ def _free_by_node(host: _Host, free) -> str:
 
 
 class _Planner:
-    def __init__(self, host: _Host, host_name, variable, reserve_mib, use_uuids):
+    def __init__(self, host: _Host, host_name, variable, reserve_mib, use_uuids, cpu_only=False):
+        self.cpu_only = cpu_only
         self.host = host
         self.host_name = host_name
         self.variable = variable
@@ -407,16 +393,6 @@ class _Planner:
         elif len(name) > 200:
             bad(f"name is {len(name)} characters long; keep it under 200 so the unit name stays valid")
 
-        for key in raw:
-            if not isinstance(key, str) or key in KNOWN_KEYS:
-                continue
-            if key.replace("-", "_") in KNOWN_KEYS:
-                bad(f"unknown key '{key}'; did you mean '{key.replace('-', '_')}' (underscores, not dashes)?")
-                continue
-            close = [k for k in KNOWN_KEYS if abs(len(k) - len(key)) <= 2 and _edit_distance(k, key) <= 2]
-            if close:
-                bad(f"unknown key '{key}'; did you mean '{close[0]}'?")
-
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = raw.get(key, 1)
             num = _as_int(1 if value is None else value)
@@ -454,6 +430,8 @@ class _Planner:
             nodes = self.host.nodes()
             if numa is None or numa < 0:
                 bad(f"numa_node is {numa_raw!r}; use a NUMA node number or 'auto'")
+            elif self.cpu_only:
+                inst.numa = numa
             elif numa not in nodes:
                 have = ("this host's GPUs are on NUMA node(s) " + ", ".join(map(str, nodes))) if nodes \
                     else "the GPUs' NUMA nodes are unknown on this host"
@@ -480,10 +458,13 @@ class _Planner:
                 inst.weights_bytes = num
 
         gpus_raw = raw.get("gpus")
-        if not _is_auto(gpus_raw):
+        if not _is_auto(gpus_raw) and self.cpu_only:
+            bad(f"gpus is {gpus_raw!r} but this host is planned without GPUs (vllm_preflight_gpu: false); "
+                "remove gpus or set vllm_preflight_gpu: true")
+        elif not _is_auto(gpus_raw):
             inst.explicit = self._parse_explicit(gpus_raw, bad)
 
-        if inst.ok:
+        if inst.ok and not self.cpu_only:
             self._check_model(inst, bad)
         return inst, problems
 
@@ -879,8 +860,14 @@ class _Exhausted(Exception):
 
 def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
          reserve_mib=DEFAULT_RESERVE_MIB, tolerance_mib=DEFAULT_TOLERANCE_MIB, unit_prefix="vllm-",
-         use_uuids=True, base_port=8000) -> list[dict]:
-    """Return the placement plan (one dict per instance, input order) or raise PlanError."""
+         use_uuids=True, base_port=8000, cpu_only=False, memory_base=MEMORY_BASE) -> list[dict]:
+    """Return the placement plan (one dict per instance, input order) or raise PlanError.
+
+    ``cpu_only``: plan a host without GPUs (``vllm_preflight_gpu: false``) through the same checks
+    (names, ports, sizes); every instance gets no GPUs, no CPU set and no footprint expectation.
+    ``memory_base``: what ``gpu_memory_utilization`` is a fraction of when the weights' fit is
+    checked (the same base ``gpu_footprint`` applies; see module_utils/nvidia_smi.py).
+    """
     host_name = str(host) if host not in (None, "") else None
     for key, value, lo in (("reserve_mib", reserve_mib, 0), ("tolerance_mib", tolerance_mib, 0),
                            ("base_port", base_port, 1)):
@@ -896,10 +883,10 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
     if not isinstance(instances, (list, tuple)):
         raise PlanError([f"{variable} must be a list of instances (dicts with at least a 'name'), "
                          f"got {type(instances).__name__}"], host_name)
-    hostm = _build_host(gpus, links, host_name)
+    hostm = _build_host([] if cpu_only else gpus, links, host_name, memory_base)
     if not instances:
         return []
-    planner = _Planner(hostm, host_name, variable, reserve_mib, use_uuids)
+    planner = _Planner(hostm, host_name, variable, reserve_mib, use_uuids, cpu_only)
 
     problems = []
     insts = []
@@ -908,7 +895,7 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
         problems.extend(probs)
         if inst is not None:
             insts.append(inst)
-    if not hostm.order:
+    if not hostm.order and not cpu_only:
         problems.append(f"{variable} asks for {_plural(len(instances), 'instance')} but this host has no GPUs "
                         "(ansible_facts.gpus is empty); check the driver with nvidia-smi or remove the instances")
 
@@ -935,7 +922,8 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
     if problems:
         raise PlanError(problems, host_name)
 
-    planner.place(insts)
+    if not cpu_only:
+        planner.place(insts)
 
     problems = []
     for inst in insts:
@@ -959,14 +947,16 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
             used_ports.add(next_port)
             next_port += 1
 
-    return [_entry(hostm, inst, unit_prefix, use_uuids, tolerance_mib) for inst in insts]
+    return [_entry(hostm, inst, unit_prefix, use_uuids, tolerance_mib, cpu_only) for inst in insts]
 
 
-def _entry(host: _Host, inst: _Inst, unit_prefix, use_uuids, tolerance_mib) -> dict:
+def _entry(host: _Host, inst: _Inst, unit_prefix, use_uuids, tolerance_mib, cpu_only=False) -> dict:
     group = tuple(sorted(inst.group))
     rank_order = group if inst.pp == 1 else tuple(i for s in _stages(host, group, inst.tp) for i in s)
     numas = {host.gpus[i].numa for i in group}
     numa = numas.pop() if len(numas) == 1 else None
+    if cpu_only:
+        numa = inst.numa
     cpus = sorted({c for i in group for c in host.gpus[i].cpus})
     unit = f"{unit_prefix}{inst.name}.service"
     out = {
@@ -984,7 +974,7 @@ def _entry(host: _Host, inst: _Inst, unit_prefix, use_uuids, tolerance_mib) -> d
         "gpu_memory_utilization": inst.util,
         "link": _worst_link(host, group),
         "unit": unit,
-        "expected": [{
+        "expected": [] if cpu_only else [{
             "name": inst.name,
             "gpus": list(group),
             "used_fraction": inst.util,
@@ -992,6 +982,8 @@ def _entry(host: _Host, inst: _Inst, unit_prefix, use_uuids, tolerance_mib) -> d
             "unit": unit,
         }],
     }
+    if cpu_only:
+        out["gpu_memory_utilization"] = None
     for key, value in inst.raw.items():
         if key not in out:
             out[key] = value
@@ -1003,7 +995,8 @@ def format_table(plan_entries, gpus=None) -> str:
     totals = {}
     for g in gpus or []:
         if isinstance(g, dict) and _is_int(g.get("index")) and _is_int(g.get("memory_total_mib")):
-            totals[g["index"]] = g["memory_total_mib"]
+            # the base gpu_memory_utilization applies to (memory.total - memory.reserved)
+            totals[g["index"]] = usable_mib(g) if _is_int(g.get("memory_reserved_mib")) else g["memory_total_mib"]
     header = ("INSTANCE", "GPUS", "NUMA", "CPUS", "TP x PP", "PORT", "LINK", "GiB/GPU")
     rows = [header]
     for e in plan_entries or []:

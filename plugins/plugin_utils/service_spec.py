@@ -29,6 +29,8 @@ import json
 import re
 import shlex
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
+
 __all__ = [
     "ServiceSpecError",
     "service_specs",
@@ -288,7 +290,7 @@ def _as_bool(value, default=False):
     raise ValueError(f"{value!r} is not a boolean")
 
 
-def _env_dict(value, where, problems):
+def env_problems(value, where, problems):
     """A dict of environment variables, checked: names valid, no secrets, no pinning overrides."""
     if value in (None, ""):
         return {}
@@ -402,7 +404,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         problems.append(f"{mwhere}: path {path!r} must be an absolute path")
         path = None
     if path is None and repo_id is not None:
-        path = f"{opts['models_dir'].rstrip('/')}/{repo_id}/current"
+        path = snapshot_dirs(opts["models_dir"], repo_id)["current"]
     if path is None and settings.get("repo_id") is None and settings.get("path") is None:
         problems.append(f"{mwhere}: give repo_id ('org/name', served from {opts['models_dir']}/<org>/<name>/current) "
                         "or an absolute path")
@@ -434,10 +436,10 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         groups.extend(parsed)
     problems.extend(check_extra_args(groups, f"extra_args of instance '{name}'"))
 
-    env_model = _env_dict(settings.get("environment"), f"{mwhere}.environment", problems)
-    env_model.update(_env_dict(settings.get("env"), f"{mwhere}.env", problems))
-    env_inst = _env_dict(entry.get("environment"), f"{where}.environment", problems)
-    env_inst.update(_env_dict(entry.get("env"), f"{where}.env", problems))
+    env_model = env_problems(settings.get("environment"), f"{mwhere}.environment", problems)
+    env_model.update(env_problems(settings.get("env"), f"{mwhere}.env", problems))
+    env_inst = env_problems(entry.get("environment"), f"{where}.environment", problems)
+    env_inst.update(env_problems(entry.get("env"), f"{where}.env", problems))
     if len(problems) > before:
         return None
 
@@ -493,7 +495,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
                 f"no node{numa} (/sys/devices/system/node has node "
                 f"{', '.join(str(n) for n in kernel_nodes) or 'none'}; GPU and kernel NUMA numbering can disagree "
                 "in VMs); memory binding (NUMAPolicy=/NUMAMask=) skipped, CPUAffinity= still applies")
-        elif opts["systemd_version"] is not None and opts["systemd_version"] < NUMA_POLICY_MIN_SYSTEMD:
+        elif opts["systemd_version"] is not None and opts["systemd_version"] < opts["numa_policy_min_systemd"]:
             numa_mode = "numactl"
         else:
             numa_mode = "systemd"
@@ -589,7 +591,8 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
                   vllm_port_base=20000, vllm_port_stride=100, nccl_env=None, environment=None,
                   disable_custom_all_reduce=False, numa_bind=True, cpu_affinity=True,
                   kernel_numa_nodes=None, online_cpus=None, systemd_version=None,
-                  numactl="/usr/bin/numactl", inventory_host=None) -> dict:
+                  numactl="/usr/bin/numactl", inventory_host=None,
+                  numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD) -> dict:
     """Specs for every planned instance: ``{"instances": [...], "warnings": [...]}`` or ServiceSpecError."""
     problems = []
     warnings = []
@@ -624,8 +627,8 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
             problems.append(f"systemd_version {systemd_version!r} is not a version number")
     kernel_nodes = _int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None
     online = _int_list(online_cpus) if online_cpus not in (None, "") else None
-    nccl = _env_dict(nccl_env, "vllm_service_nccl_env", problems)
-    extra_env = _env_dict(environment, "vllm_service_environment", problems)
+    nccl = env_problems(nccl_env, "vllm_service_nccl_env", problems)
+    extra_env = env_problems(environment, "vllm_service_environment", problems)
     if problems:
         raise ServiceSpecError(problems, inventory_host)
     opts = {
@@ -634,6 +637,7 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
         "environment": extra_env, "disable_custom_all_reduce": disable_custom_all_reduce,
         "numa_bind": numa_bind, "cpu_affinity": cpu_affinity, "kernel_numa_nodes": kernel_nodes,
         "online_cpus": online, "systemd_version": sd_version, "numactl": numactl,
+        "numa_policy_min_systemd": int(numa_policy_min_systemd),
     }
     specs = []
     for pos, entry in enumerate(plan):
@@ -682,3 +686,31 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
         spec["environment_lines"] = [systemd_env_assignment(k, v) for k, v in spec["environment"]]
         spec["environment"] = [[k, v] for k, v in spec["environment"]]
     return {"instances": [spec for _pos, spec in specs], "warnings": warnings}
+
+
+def unit_view(instance, python=None) -> dict:
+    """What the unit template renders for one plan instance: the plan's argv and environment as unit lines.
+
+    The plan runs the interpreter under the install role's ``current`` link; ``python`` (the
+    interpreter of the venv ``current`` resolves to on the host) replaces it, so switching
+    ``current`` (an upgrade, a rollback) changes the unit and restarts the instance behind the gate.
+    That is the only change: every other argument and variable is the plan's, unchanged.
+    """
+    if not isinstance(instance, dict) or not isinstance(instance.get("argv"), list):
+        raise ValueError("unit_view: pass one entry of the plan's instances (vllm_preflight_plan.instances)")
+    view = dict(instance)
+    planned = instance["python"]
+    python = python or planned
+    prefix = list(instance.get("exec_prefix") or [])
+    argv = list(instance["argv"])
+    if argv[len(prefix)] != planned:
+        raise ValueError(f"unit_view: the plan's argv of '{instance.get('name')}' does not start with its python")
+    argv[len(prefix)] = python
+    view["python"] = python
+    view["argv"] = argv
+    view["exec_start"] = _exec_lines(prefix, python, instance["args"])
+    view["environment_lines"] = [systemd_env_assignment(k, v) for k, v in instance["environment"]]
+    view["cpu_affinity"] = instance.get("cpus_str") or compress_ints(instance.get("cpus") or [])
+    view["has_gpus"] = bool(instance.get("gpus"))
+    view["connect_host"] = _connect_host(instance["bind_address"])
+    return view

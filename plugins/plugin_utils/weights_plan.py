@@ -21,6 +21,26 @@ REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 VERIFY_MODES = ("size", "sha256")
 
 
+def repo_id_problem(repo_id):
+    """Why ``repo_id`` is not a Hub repository id (``org/name``), or None when it is one."""
+    if not isinstance(repo_id, str) or not repo_id:
+        return "it is missing"
+    parts = repo_id.split("/")
+    if len(parts) != 2:
+        return "it must be exactly 'org/name'"
+    if not all(REPO_PART_RE.match(p) for p in parts):
+        return "each part may hold letters, digits, '-', '_' and '.' (up to 96 characters), starting with a letter or digit"
+    if ".." in repo_id or any(p.endswith(".") or p.endswith("-") for p in parts):
+        return "the Hub refuses '..' and a part ending in '.' or '-'"
+    return None
+
+
+def snapshot_dirs(models_dir, repo_id):
+    """The one layout rule: ``{"repo_dir": <models_dir>/<org>/<name>, "current": <repo_dir>/current}``."""
+    repo_dir = "%s/%s" % ((models_dir or "").rstrip("/"), repo_id)
+    return {"repo_dir": repo_dir, "current": repo_dir + "/current"}
+
+
 class WeightsPlanError(ValueError):
     """Invalid input; the message lists every problem."""
 
@@ -98,10 +118,11 @@ def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models"
             else:
                 problems.append("%s has neither repo_id nor path; give repo_id ('org/name') and revision" % where)
             continue
-        parts = repo_id.split("/") if isinstance(repo_id, str) else []
-        if len(parts) != 2 or not all(REPO_PART_RE.match(p) for p in parts) or ".." in repo_id:
-            problems.append("%s.repo_id %r is not of the form 'org/name'" % (where, repo_id))
+        why = repo_id_problem(repo_id)
+        if why:
+            problems.append("%s.repo_id %r is not of the form 'org/name': %s" % (where, repo_id, why))
             continue
+        parts = repo_id.split("/")
         revision = settings.get("revision")
         allow_unpinned = _as_bool(settings.get("allow_unpinned", False), where + ".allow_unpinned", problems)
         if not isinstance(revision, str) or not revision:
@@ -132,11 +153,12 @@ def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models"
             else:
                 other["model_keys"].append(key)
             continue
-        repo_dir = "%s/%s" % (root, repo_id)
+        dirs = snapshot_dirs(root, repo_id)
+        repo_dir = dirs["repo_dir"]
         item = {"id": item_id, "model_keys": [key], "repo_id": repo_id, "org": parts[0], "name": parts[1],
                 "revision": revision, "pinned": pinned, "allow_unpinned": allow_unpinned,
                 "allow_patterns": allow, "ignore_patterns": ignore, "verify": model_verify,
-                "repo_dir": repo_dir, "current": repo_dir + "/current", "slug": "%s--%s" % (parts[0], parts[1])}
+                "repo_dir": repo_dir, "current": dirs["current"], "slug": "%s--%s" % (parts[0], parts[1])}
         by_repo[repo_id] = item
         items.append(item)
     if problems:
@@ -198,8 +220,7 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
         if src == host and item_id not in mine_ids:
             extra = dict(first_item[item_id][1], serve_only=True, model_keys=[])
             if models_dir:
-                extra["repo_dir"] = "%s/%s" % (models_dir.rstrip("/"), extra["repo_id"])
-                extra["current"] = extra["repo_dir"] + "/current"
+                extra.update(snapshot_dirs(models_dir, extra["repo_id"]))
             endpoint.append(extra)
     clients = []
     for h in order:

@@ -1,7 +1,8 @@
 """Render the units of roles/vllm_service without containers and check what systemd would run.
 
-The plan comes from the real planner (``gpu_plan``) over recorded host facts, the specs from the real
-``vllm_service_specs`` filter, and the unit and environment file from the role's own templates,
+The plan comes from the real plan filter (``vllm_plan``: normalisation, placement, unit content) over
+recorded host facts, the unit view from the real ``vllm_service_units`` filter (the role's own
+chain), and the unit and environment file from the role's own templates,
 rendered by Ansible's templar the way the ``template`` module does it (role defaults, ansible_managed,
 trim_blocks). Each unit is then parsed back as systemd would read it (continuation lines, quoting)
 and, where this machine has systemd-analyze, verified and scored with ``systemd-analyze security``.
@@ -18,8 +19,9 @@ import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, generate_ansible_template_vars, trust_as_template
 
-from ansible_collections.inferops.vllm.plugins.filter.gpu_plan import gpu_plan
-from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_specs
+from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import vllm_plan
+from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_units
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import compress_ints
 from ansible.errors import AnsibleFilterError
 from systemd_unit import directives, environment, split_exec
@@ -44,6 +46,7 @@ MODELS = {
     },
     "llama-70b": {
         "repo_id": "meta-llama/Llama-3.1-70B-Instruct",
+        "revision": "1605565b47bb9346c5515c34102e054115b4f98b",
         "served_model_name": "llama-3.1-70b",
         "max_model_len": 65536,
         "extra_args": ["--enable-prefix-caching", "--max-num-seqs 256"],
@@ -84,7 +87,6 @@ def deploy(tmp_path, host, instances, models=None, kernel_nodes=(0, 1), systemd_
     """
     models = MODELS if models is None else models
     facts = load_host(host)
-    plan = gpu_plan(facts["gpus"], instances, facts["gpu_links"], host=host)
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     python = venv / "bin" / "python"
@@ -92,17 +94,22 @@ def deploy(tmp_path, host, instances, models=None, kernel_nodes=(0, 1), systemd_
     python.chmod(0o755)
     if online is None:
         online = compress_ints(c for g in facts["gpus"] for c in g["cpu_affinity"])
-    opts = dict(host="127.0.0.1", venv=str(venv), python=str(python), kernel_numa_nodes=list(kernel_nodes),
-                online_cpus=online, systemd_version=systemd_version,
-                nccl_env={"NCCL_P2P_LEVEL": "PXB"}, disable_custom_all_reduce=True, inventory_host=host)
-    opts.update(spec_options or {})
-    result = vllm_service_specs(plan, models, **opts)
+    variable_of = {option: variable for variable, (option, _d, _doc) in PLAN_INPUTS.items()}
+    inputs = {"vllm_service_host": "127.0.0.1", "vllm_service_nccl_env": {"NCCL_P2P_LEVEL": "PXB"},
+              "vllm_service_disable_custom_all_reduce": True}
+    inputs.update({variable_of[k]: v for k, v in (spec_options or {}).items()})
+    host_facts = {"gpus": facts["gpus"], "gpu_links": facts["gpu_links"], "kernel_numa_nodes": list(kernel_nodes),
+                  "online_cpus": online, "systemd_version": systemd_version}
+    full = vllm_plan(models, instances, facts=host_facts, inputs=inputs, host=host)
+    plan = full["instances"]
+    result = {"instances": vllm_service_units(plan, str(python)), "warnings": full["warnings"], "plan": full}
     variables = {
         "vllm_service_api_key": API_KEY,
         "vllm_service_hf_token": HF_TOKEN,
         "vllm_service_venv": str(venv),
         "vllm_service_python": str(python),
         "vllm_service__systemd_version": systemd_version,
+        "vllm_service__idle_max_mib": (full["footprint"] or {}).get("idle_max_mib", 0),
     }
     variables.update(extra_vars or {})
     units, envs = {}, {}
@@ -324,10 +331,11 @@ def test_old_systemd_gets_numactl_and_no_unknown_keys(tmp_path):
 
 
 def test_cpu_only_plan_has_no_gpu_pinning(tmp_path):
-    from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_cpu_plan
-    plan = vllm_cpu_plan([{"name": "small", "model": "llama-70b", "extra_args": ["--dtype", "bfloat16"]}])
-    spec = vllm_service_specs(plan, MODELS)["instances"][0]
-    variables = {"vllm_service_spec": spec, "vllm_service__systemd_version": 252}
+    plan = vllm_plan(MODELS, [{"name": "small", "model": "llama-70b", "extra_args": ["--dtype", "bfloat16"]}],
+                     facts={"systemd_version": 252}, inputs={"vllm_preflight_gpu": False})
+    assert plan["footprint"] is None and plan["gpu"] is False
+    spec = vllm_service_units(plan["instances"])[0]
+    variables = {"vllm_service_spec": spec, "vllm_service__systemd_version": 252, "vllm_service__idle_max_mib": 0}
     text = render("vllm-instance.service.j2", variables, str(tmp_path / spec["unit"]))
     d = directives(text)
     env = environment(text)

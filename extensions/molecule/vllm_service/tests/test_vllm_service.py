@@ -24,8 +24,8 @@ INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
 HOST = "inferops-vllm-service"
 sys.path.insert(0, os.path.join(PROJECT, ".build"))
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import plan as gpu_plan  # noqa: E402
-from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import service_specs  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, build_plan  # noqa: E402
+from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import unit_view  # noqa: E402
 
 with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
     VARS = yaml.safe_load(_fh)["provisioner"]["inventory"]["host_vars"][HOST]
@@ -107,20 +107,48 @@ def facts():
 
 
 @pytest.fixture(scope="module")
-def plan(facts):
-    return gpu_plan(facts["gpus"], VARS["vllm_instances"], facts["gpu_links"], host=HOST)
+def host_plan(host):
+    """The plan the preflight stage wrote to the host (/etc/inferops/vllm/plan.json), as converged."""
+    f = host.file("/etc/inferops/vllm/plan.json")
+    assert f.user == "root" and f.group == "root" and f.mode == 0o600
+    return json.loads(f.content_string)
+
+
+@pytest.fixture(scope="module")
+def plan(host_plan):
+    return host_plan["instances"]
 
 
 @pytest.fixture(scope="module")
 def specs(host, plan):
-    nodes = host.check_output("ls -d /sys/devices/system/node/node[0-9]* | sed 's|.*/node||'").split()
-    version = host.check_output("systemctl --version").split()[1]
-    # the unit names the venv that `current` points to
+    # the unit names the venv that `current` points to; everything else is the plan's
     python = host.check_output("readlink -f /opt/inferops/vllm/current") + "/bin/python"
-    return {s["name"]: s for s in service_specs(
-        plan, VARS["vllm_models"], python=python, kernel_numa_nodes=[int(n) for n in nodes],
-        online_cpus=host.file("/sys/devices/system/cpu/online").content_string.strip(),
-        systemd_version=int(version))["instances"]}
+    return {s["name"]: unit_view(s, python) for s in plan}
+
+
+def test_plan_on_the_host_is_what_the_planner_computes_from_the_inventory(host, facts, host_plan):
+    nodes = host.check_output("ls -d /sys/devices/system/node/node[0-9]* | sed 's|.*/node||'").split()
+    version = int(host.check_output("systemctl --version").split()[1])
+    online = host.file("/sys/devices/system/cpu/online").content_string.strip()
+    expected = build_plan(
+        VARS["vllm_models"], VARS["vllm_instances"],
+        facts={"gpus": facts["gpus"], "gpu_links": facts["gpu_links"], "systemd_version": version,
+               "kernel_numa_nodes": sorted(int(n) for n in nodes), "online_cpus": online},
+        inputs={k: VARS[k] for k in PLAN_INPUTS if k in VARS}, host=HOST)
+    assert json.loads(json.dumps(expected)) == host_plan
+
+
+def test_tp_and_served_name_follow_from_the_inventory_to_the_process_and_the_footprint(host, plan, specs):
+    for inst, entry in zip(VARS["vllm_instances"], plan):
+        tp = inst.get("tensor_parallel_size", 1)
+        served = inst.get("served_model_name") or VARS["vllm_models"][inst["model"]]["served_model_name"]
+        assert entry["tensor_parallel_size"] == tp and entry["served_model_name"] == served
+        pid = show(host, entry["unit"], "MainPID")
+        cmdline = host.file(f"/proc/{pid}/cmdline").content_string.split("\0")[:-1]
+        assert cmdline == specs[entry["name"]]["argv"]
+        assert cmdline[cmdline.index("--tensor-parallel-size") + 1] == str(tp)
+        assert cmdline[cmdline.index("--served-model-name") + 1] == served
+        assert [e["gpus"] for e in entry["expected"]] == [entry["gpus"]] and len(entry["gpus"]) == tp
 
 
 # --------------------------------------------------------------------------- the converged host

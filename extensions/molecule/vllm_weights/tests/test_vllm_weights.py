@@ -94,7 +94,7 @@ def converge(*args, **overrides):
     """Re-run converge.yml with extra CLI args and variables overridden.
 
     Returns (rc, output, seconds, facts): output is stdout and stderr together; facts maps each host to
-    what the role registered (vllm_weights_prechecks, vllm_weights_report), saved by a second play that
+    what the role registered (vllm_weights__prechecks, vllm_weights_report), saved by a second play that
     changes nothing.
     """
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,7 +109,7 @@ def converge(*args, **overrides):
                     "name": "Save", "delegate_to": "localhost", "changed_when": False,
                     "ansible.builtin.copy": {
                         "dest": tmp + "/{{ inventory_hostname }}.facts.json",
-                        "content": "{{ {'prechecks': vllm_weights_prechecks | default({}),"
+                        "content": "{{ {'prechecks': vllm_weights__prechecks | default({}),"
                                    " 'report': vllm_weights_report | default([])} | to_json }}"}}]},
             ], fh)
         env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")

@@ -34,7 +34,9 @@ gpu_plan_table = FILTERS["gpu_plan_table"]
 CONTRACT_KEYS = ("name", "gpus", "gpu_uuids", "cuda_visible_devices", "cuda_device_order", "numa_node", "cpus",
                  "cpus_str", "tensor_parallel_size", "pipeline_parallel_size", "port", "gpu_memory_utilization",
                  "link", "unit", "expected")
-PLANNER_KEYS = set(placement.KNOWN_KEYS)
+PLANNER_KEYS = {"name", "tensor_parallel_size", "pipeline_parallel_size", "gpus", "numa_node",
+                "gpu_memory_utilization", "port", "allow_cross_numa", "weights_bytes", "num_attention_heads",
+                "num_key_value_heads"}
 
 
 # --------------------------------------------------------------------------- hosts
@@ -285,8 +287,8 @@ def test_table_for_the_seed_case():
     lines = gpu_plan_table(plan, facts["gpus"]).splitlines()
     assert lines[0].split() == ["INSTANCE", "GPUS", "NUMA", "CPUS", "TP", "x", "PP", "PORT", "LINK", "GiB/GPU"]
     assert set(lines[1]) <= {"-", " "}
-    assert lines[2].split() == ["chat", "0-3", "0", "0-31,64-95", "4", "x", "1", "8000", "NODE", "86.0", "(0.9)"]
-    assert lines[3].split() == ["code", "4-7", "1", "32-63,96-127", "4", "x", "1", "8100", "NODE", "86.0", "(0.9)"]
+    assert lines[2].split() == ["chat", "0-3", "0", "0-31,64-95", "4", "x", "1", "8000", "NODE", "85.6", "(0.9)"]
+    assert lines[3].split() == ["code", "4-7", "1", "32-63,96-127", "4", "x", "1", "8100", "NODE", "85.6", "(0.9)"]
     # fixed width: every column starts at the same offset on every line
     starts = [lines[0].index(h) for h in ("GPUS", "NUMA", "CPUS", "TP x PP", "PORT", "LINK", "GiB/GPU")]
     for line in lines[2:]:
@@ -305,7 +307,8 @@ def test_table_without_facts_shows_fractions_and_dashes():
 def test_table_mixed_memory_shows_a_range():
     facts = inline_host({"count": 2, "numa": 0, "default_link": "PIX", "memory_total_mib": [46068, 97887]})
     plan = gpu_plan(facts["gpus"], [{"name": "a", "tensor_parallel_size": 2}], links=facts["gpu_links"])
-    assert "40.5-86.0 (0.9)" in gpu_plan_table(plan, facts["gpus"])
+    # the memory base is memory.total - memory.reserved (what CUDA sees)
+    assert "40.1-85.6 (0.9)" in gpu_plan_table(plan, facts["gpus"])
 
 
 def test_table_refuses_non_plans():

@@ -1,0 +1,402 @@
+# Apache License 2.0 (see LICENSE)
+"""The inventory schema and its one normalisation (controller side, pure Python, no Ansible imports).
+
+``vllm_models`` (model key -> settings) and ``vllm_instances`` (a list per host) are declared here,
+once: every key with its type, default and meaning (``MODEL_KEYS``, ``INSTANCE_KEYS``). The roles'
+``meta/argument_specs.yml`` and ``docs/plan.md`` are tested against these tables, so the documented
+keys and the accepted keys cannot drift.
+
+``normalise(models, instances, host=...)`` checks both against the tables and everything types
+cannot express (references between them, pinned revisions, names usable in unit names and paths,
+unique names and ports, flags the roles set, secrets in the environment) and returns typed records
+plus one sentence per problem, each naming the host, the variable and the fix. Later stages read the
+records (through the plan) and never look at the raw inventory again.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
+    INSTANCE_OVERRIDES,
+    check_extra_args,
+    env_problems,
+    parse_extra_args,
+)
+from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import (
+    VERIFY_MODES,
+    repo_id_problem,
+    snapshot_dirs,
+)
+
+__all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model_path", "NAME_RE", "SHA_RE"]
+
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+_PARSER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+#: Keys of one entry of ``vllm_models``: name -> (type, default, description).
+MODEL_KEYS = {
+    "repo_id": ("str", None, "Hub repository as C(org/name); fetched to C(<models_dir>/<org>/<name>/<sha>/), "
+                             "served from its C(current) link."),
+    "revision": ("str", None, "The 40-hex commit sha to serve (a branch or tag only with C(allow_unpinned: true))."),
+    "allow_unpinned": ("bool", False, "Accept a branch or tag as C(revision) (it moves under a running fleet)."),
+    "path": ("path", None, "Serve from this absolute directory instead of fetching C(repo_id)."),
+    "served_model_name": ("raw", None, "Name (or list of names) clients ask for; default the C(repo_id) "
+                                       "(or the model key for a C(path) model)."),
+    "trust_remote_code": ("bool", False, "Pass C(--trust-remote-code)."),
+    "max_model_len": ("int", None, "C(--max-model-len)."),
+    "quantization": ("str", None, "C(--quantization), e.g. C(fp8)."),
+    "kv_cache_dtype": ("str", None, "C(--kv-cache-dtype), e.g. C(fp8)."),
+    "tool_call_parser": ("str", None, "C(--tool-call-parser) (turns on C(--enable-auto-tool-choice))."),
+    "reasoning_parser": ("str", None, "C(--reasoning-parser)."),
+    "extra_args": ("list", [], "More vLLM flags (flags the roles set and secrets are refused)."),
+    "env": ("dict", {}, "Environment variables of every instance of this model (no secrets, no pinning)."),
+    "weights_bytes": ("int", None, "Total size of the safetensors, for the planner's fit check."),
+    "num_attention_heads": ("int", None, "From config.json, for the tensor-parallel divisibility check."),
+    "num_key_value_heads": ("int", None, "From config.json, for the tensor-parallel divisibility check."),
+    "allow_patterns": ("list", None, "Files to fetch (globs); default the weights, configs and tokenizer."),
+    "ignore_patterns": ("list", None, "Files not to fetch (globs)."),
+    "verify": ("str", None, "C(size) or C(sha256); default C(vllm_weights_verify)."),
+}
+
+#: Keys of one entry of ``vllm_instances``: name -> (type, default, description).
+INSTANCE_KEYS = {
+    "name": ("str", None, "Unique instance name; the unit is C(vllm-<name>.service)."),
+    "model": ("str", None, "Key of the model in C(vllm_models)."),
+    "tensor_parallel_size": ("int", 1, "GPUs per pipeline stage (C(--tensor-parallel-size))."),
+    "pipeline_parallel_size": ("int", 1, "Pipeline stages (C(--pipeline-parallel-size))."),
+    "gpus": ("raw", "auto", "C(auto), or an explicit list of GPU indices or UUIDs."),
+    "numa_node": ("raw", "auto", "C(auto), or the NUMA node the instance's GPUs must sit on."),
+    "gpu_memory_utilization": ("float", 0.9, "Fraction of each GPU's memory (as CUDA sees it) vLLM may use."),
+    "port": ("int", None, "HTTP port; assigned from the plan's base port upwards when left out."),
+    "vllm_port": ("int", None, "Base of vLLM's internal ports (C(VLLM_PORT)); default one range per instance "
+                               "from C(vllm_service_vllm_port_base)."),
+    "allow_cross_numa": ("bool", False, "Accept a tensor-parallel group joined only by the inter-socket link (SYS)."),
+    "served_model_name": ("raw", None, "Overrides the model's C(served_model_name) for this instance."),
+    "max_model_len": ("int", None, "Overrides the model's C(max_model_len)."),
+    "quantization": ("str", None, "Overrides the model's C(quantization)."),
+    "kv_cache_dtype": ("str", None, "Overrides the model's C(kv_cache_dtype)."),
+    "tool_call_parser": ("str", None, "Overrides the model's C(tool_call_parser)."),
+    "reasoning_parser": ("str", None, "Overrides the model's C(reasoning_parser)."),
+    "trust_remote_code": ("bool", None, "Overrides the model's C(trust_remote_code)."),
+    "extra_args": ("list", [], "Extra vLLM flags for this instance (flags the roles set are refused)."),
+    "env": ("dict", {}, "Extra environment variables for this instance's unit (not secrets)."),
+    "weights_bytes": ("int", None, "Overrides the model's C(weights_bytes) for the memory fit check."),
+    "num_attention_heads": ("int", None, "Overrides the model's C(num_attention_heads)."),
+    "num_key_value_heads": ("int", None, "Overrides the model's C(num_key_value_heads)."),
+}
+
+#: Old spellings still accepted: old key -> (new key, note). None yet: a key that is renamed keeps
+#: its old name here, with a deprecation note.
+DEPRECATED_KEYS = {}
+
+#: Instance keys that override the model's setting of the same name.
+OVERRIDES = INSTANCE_OVERRIDES + ("weights_bytes", "num_attention_heads", "num_key_value_heads")
+
+
+def _where(host):
+    return f"host {host}: " if host else ""
+
+
+def _edit_distance(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def _suggest(key, known) -> str:
+    if not isinstance(key, str):
+        return ""
+    if key.replace("-", "_") in known:
+        return f"; did you mean '{key.replace('-', '_')}' (underscores, not dashes)?"
+    close = sorted(known, key=lambda k: _edit_distance(k, key))
+    if close and _edit_distance(close[0], key) <= 2:
+        return f"; did you mean '{close[0]}'?"
+    return ""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_int(value):
+    if _is_int(value):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+        return int(value)
+    return None
+
+
+def _as_bool(value):
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("yes", "true", "on", "1", "y"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("no", "false", "off", "0", "n"):
+        return False
+    if _is_int(value) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def _as_float(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _served_names(value, where, problems):
+    names = value if isinstance(value, list) else [value]
+    if not names or not all(isinstance(s, str) and s and not any(c.isspace() for c in s) for s in names):
+        problems.append(f"{where}.served_model_name is {value!r}; use a name without spaces (or a list of them)")
+        return None
+    return list(names)
+
+
+def _typed(value, kind, where, key, problems):
+    """Coerce one setting to its schema type; None (and a problem) when it cannot be."""
+    if kind == "int":
+        num = _as_int(value)
+        if num is None or num < 1:
+            problems.append(f"{where}.{key} is {value!r}; use a positive whole number >= 1 or leave it out")
+        return num
+    if kind == "float":
+        num = _as_float(value)
+        if num is None or math.isnan(num):
+            problems.append(f"{where}.{key} is {value!r}; use a number")
+        return num
+    if kind == "bool":
+        flag = _as_bool(value)
+        if flag is None:
+            problems.append(f"{where}.{key} is {value!r}; use true or false")
+        return flag
+    if kind == "str":
+        if not isinstance(value, str) or not value:
+            problems.append(f"{where}.{key} is {value!r}; use a string")
+            return None
+        return value
+    if kind == "path":
+        if not isinstance(value, str) or not value.startswith("/"):
+            problems.append(f"{where}.{key} is {value!r}; use an absolute path")
+            return None
+        return value.rstrip("/") or "/"
+    if kind == "dict":
+        if not isinstance(value, dict):
+            problems.append(f"{where}.{key} must be a dict, got {type(value).__name__}")
+            return None
+        return dict(value)
+    if kind == "list":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            problems.append(f"{where}.{key} must be a list of strings, e.g. ['--enable-prefix-caching'], got {value!r}")
+            return None
+        return list(value)
+    return value
+
+
+def _read(raw, schema, where, problems):
+    """One dict of settings -> {key: typed value or default}; unknown keys are problems."""
+    out = {}
+    for key in raw:
+        if key in schema:
+            continue
+        if key in DEPRECATED_KEYS and DEPRECATED_KEYS[key][0] in schema:
+            continue
+        problems.append(f"{where}: unknown key {key!r}{_suggest(key, schema)} "
+                        f"(known: {', '.join(schema)})")
+    for key, (kind, default, _doc) in schema.items():
+        value = raw.get(key)
+        if value is None:
+            for old, (new, _note) in DEPRECATED_KEYS.items():
+                if new == key and raw.get(old) is not None:
+                    value = raw[old]
+        if value is None:
+            out[key] = default if not isinstance(default, (list, dict)) else type(default)(default)
+            continue
+        if kind == "raw":
+            out[key] = value
+            continue
+        out[key] = _typed(value, kind, where, key, problems)
+    return out
+
+
+def model_path(models_dir, record):
+    """Where a model is served from: its ``path``, else ``<models_dir>/<repo_id>/current``."""
+    if record.get("path"):
+        return record["path"]
+    return snapshot_dirs(models_dir, record["repo_id"])["current"]
+
+
+def _str_setting(value, where, key, problems):
+    if value is None:
+        return None
+    if not _PARSER_NAME.match(value):
+        problems.append(f"{where}.{key} is {value!r}; use a name such as "
+                        + {"quantization": "'fp8'", "kv_cache_dtype": "'fp8'", "tool_call_parser": "'hermes'",
+                           "reasoning_parser": "'deepseek_r1'"}.get(key, "'auto'"))
+        return None
+    return value
+
+
+def _model(key, raw, host, models_dir, problems):
+    w = _where(host)
+    where = f"{w}vllm_models.{key}"
+    if not isinstance(key, str) or not NAME_RE.match(key):
+        problems.append(f"{where}: the model name must match {NAME_RE.pattern} (lower case, digits, '._-'); rename it")
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: must be a dict with at least repo_id and revision (or path)")
+        return None
+    rec = _read(raw, MODEL_KEYS, where, problems)
+    rec["key"] = key
+    repo = raw.get("repo_id")
+    if rec["path"] is None or repo is not None:
+        msg = repo_id_problem(repo)
+        if msg:
+            problems.append(f"{where}.repo_id is {repo!r}: {msg}; set it to the Hub repository as 'org/name'"
+                            + (" or give an absolute path" if rec["path"] is None else ""))
+        rev = raw.get("revision")
+        if not isinstance(rev, str) or not rev:
+            problems.append(f"{where}.revision is missing; pin the 40-hex commit sha of the repository "
+                            "(HfApi().model_info(repo_id).sha) or set allow_unpinned: true with a branch name")
+        elif not SHA_RE.match(rev) and not rec["allow_unpinned"]:
+            problems.append(f"{where}.revision is {rev!r}, not a 40-hex commit sha; pin the commit "
+                            "(a branch moves under a running fleet) or set allow_unpinned: true")
+    if rec["verify"] is not None and rec["verify"] not in VERIFY_MODES:
+        problems.append(f"{where}.verify is {rec['verify']!r}; use one of {', '.join(VERIFY_MODES)}")
+    for k in ("quantization", "kv_cache_dtype", "tool_call_parser", "reasoning_parser"):
+        rec[k] = _str_setting(rec[k], where, k, problems)
+    if rec["served_model_name"] is not None:
+        rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
+    rec["pinned"] = isinstance(rec["revision"], str) and bool(SHA_RE.match(rec["revision"]))
+    rec["fetched"] = rec["path"] is None
+    try:
+        rec["local_path"] = model_path(models_dir, rec) if (rec["path"] or not repo_id_problem(repo)) else None
+    except ValueError:
+        rec["local_path"] = None
+    return rec
+
+
+def _instance(pos, raw, models, host, problems):
+    w = _where(host)
+    if not isinstance(raw, dict):
+        problems.append(f"{w}vllm_instances[{pos}] must be a dict with at least name and model, "
+                        f"got {type(raw).__name__}")
+        return None
+    name = raw.get("name")
+    where = f"{w}vllm_instances[{pos}]" + (f" ({name})" if isinstance(name, str) and name else "")
+    before = len(problems)
+    rec = _read(raw, INSTANCE_KEYS, where, problems)
+    if not isinstance(name, str) or not name:
+        problems.append(f"{where}: 'name' is required (a short name such as 'chat'; the unit becomes "
+                        "vllm-<name>.service)")
+    elif not NAME_RE.match(name) or len(name) > 200:
+        fixed = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-_.")[:200] or "chat"
+        problems.append(f"{where}: name {name!r} cannot be used in a systemd unit name; use lower-case letters, "
+                        f"digits, '_', '.' and '-', starting with a letter or digit, at most 200 (e.g. '{fixed}')")
+    model_key = raw.get("model")
+    model = models.get(model_key) if isinstance(model_key, str) else None
+    if model_key is None:
+        problems.append(f"{where}.model is missing; set it to one of vllm_models: "
+                        f"{', '.join(sorted(models)) or '(none declared)'}")
+    elif model_key not in models:
+        problems.append(f"{where}.model is {model_key!r}, which vllm_models does not declare; use one of: "
+                        f"{', '.join(sorted(models)) or '(none declared: add it to vllm_models)'}")
+    util = rec["gpu_memory_utilization"]
+    if util is not None and not 0 < util <= 1:
+        problems.append(f"{where}.gpu_memory_utilization is {util!r}; it must be a fraction in (0, 1], e.g. 0.9")
+    for key in ("port", "vllm_port"):
+        port = rec[key]
+        lo = 1 if key == "port" else 1024
+        if port is not None and not lo <= port <= 65535:
+            problems.append(f"{where}.{key} is {port!r}; use a TCP port number {lo}-65535"
+                            + (", or leave it out to get one from the plan's base port" if key == "port" else ""))
+    for k in ("quantization", "kv_cache_dtype", "tool_call_parser", "reasoning_parser"):
+        rec[k] = _str_setting(rec[k], where, k, problems)
+    if rec["served_model_name"] is not None:
+        rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
+    if len(problems) > before or model is None:
+        return None
+    # the instance's own record: the model's settings with the instance's overrides on top
+    for key in OVERRIDES:
+        if rec.get(key) is None and model.get(key) is not None:
+            rec[key] = model[key]
+    rec["trust_remote_code"] = bool(rec["trust_remote_code"])
+    # the names clients ask for; the plan's served_model_name is the first
+    rec["served_model_name"] = rec["served_model_name"] or [
+        model["repo_id"] if model.get("repo_id") else model["key"]]
+    # checked here, merged (model's, then the instance's) when the plan builds the command line
+    groups = []
+    for source, src_where in ((model.get("extra_args"), f"{w}vllm_models.{model_key}.extra_args"),
+                              (rec["extra_args"], f"{where}.extra_args")):
+        try:
+            groups.extend(parse_extra_args(source, src_where))
+        except ValueError as exc:
+            problems.append(str(exc))
+    problems.extend(f"{w}{p}" for p in check_extra_args(groups, f"extra_args of instance '{name}'"))
+    for source, src_where in ((model.get("env"), f"{w}vllm_models.{model_key}.env"), (rec["env"], f"{where}.env")):
+        env_problems(source, src_where, problems)
+    if len(problems) > before:
+        return None
+    return rec
+
+
+def normalise(models, instances, host=None, models_dir="/var/lib/inferops/models"):
+    """Check and type the inventory of one host.
+
+    Returns ``{"models": {key: record}, "instances": [record, ...], "problems": [sentence, ...]}``.
+    Records hold every schema key (defaults filled in); an instance record also carries its model's
+    settings (overrides applied; ``served_model_name`` as a list). ``extra_args`` and ``env`` stay the
+    instance's own (checked here together with the model's; the plan merges them).
+    Instances with problems are left out of ``instances``; ``problems`` is empty when all is well.
+    """
+    w = _where(host)
+    problems = []
+    if models is None:
+        models = {}
+    if not isinstance(models, dict):
+        return {"models": {}, "instances": [], "problems": [
+            f"{w}vllm_models must be a dict of model name -> settings (repo_id, revision, ...), "
+            f"got {type(models).__name__}"]}
+    recs = {}
+    for key, raw in models.items():
+        rec = _model(key, raw, host, models_dir, problems)
+        if rec is not None:
+            recs[key] = rec
+    if instances is None:
+        instances = []
+    if not isinstance(instances, list):
+        return {"models": recs, "instances": [], "problems": problems + [
+            f"{w}vllm_instances must be a list of dicts (name, model, tensor_parallel_size, ...), "
+            f"got {type(instances).__name__}"]}
+    out = []
+    for pos, raw in enumerate(instances):
+        rec = _instance(pos, raw, recs, host, problems)
+        if rec is not None:
+            rec["position"] = pos
+            out.append(rec)
+    names, ports = {}, {}
+    for rec in out:
+        names.setdefault(rec["name"], []).append(rec["position"])
+        if rec["port"] is not None:
+            ports.setdefault(rec["port"], []).append(rec)
+    for name, where in names.items():
+        if len(where) > 1:
+            problems.append(f"{w}vllm_instances[{', '.join(map(str, where))}]: name '{name}' is used "
+                            f"{len(where)} times; instance names must be unique (each becomes its own systemd unit)")
+    for port, users in ports.items():
+        if len(users) > 1:
+            problems.append(f"{w}vllm_instances[{', '.join(str(u['position']) for u in users)}]: port {port} is "
+                            f"given to {', '.join(repr(u['name']) for u in users)}; give each instance its own port "
+                            "or leave port out to get one from the plan's base port")
+    return {"models": recs, "instances": out, "problems": problems}
