@@ -55,6 +55,7 @@ def usable_mib(gpu, base=MEMORY_BASE):
         return total - reserved
     return total
 
+
 GPU_FIELDS = (
     "index",
     "uuid",
