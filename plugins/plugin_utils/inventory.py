@@ -23,6 +23,12 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import 
     env_problems,
     parse_extra_args,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
+    as_bool as _as_bool,
+    as_float as _as_float,
+    as_int as _as_int,
+    edit_distance as _edit_distance,
+)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import (
     VERIFY_MODES,
     repo_id_problem,
@@ -99,16 +105,6 @@ def _where(host):
     return f"host {host}: " if host else ""
 
 
-def _edit_distance(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
 def _suggest(key, known) -> str:
     if not isinstance(key, str):
         return ""
@@ -118,43 +114,6 @@ def _suggest(key, known) -> str:
     if close and _edit_distance(close[0], key) <= 2:
         return f"; did you mean '{close[0]}'?"
     return ""
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_int(value):
-    if _is_int(value):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        return int(value)
-    return None
-
-
-def _as_bool(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("yes", "true", "on", "1", "y"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("no", "false", "off", "0", "n"):
-        return False
-    if _is_int(value) and value in (0, 1):
-        return bool(value)
-    return None
-
-
-def _as_float(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _served_names(value, where, problems):

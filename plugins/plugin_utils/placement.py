@@ -36,6 +36,13 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASE,
     usable_mib,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
+    as_bool as _as_bool,
+    as_float as _as_float,
+    as_int as _as_int,
+    compress_ints,
+    is_int as _is_int,
+)
 
 __all__ = [
     "PlanError",
@@ -88,60 +95,6 @@ class PlanError(ValueError):
 
 
 # --------------------------------------------------------------------------- small helpers
-
-def compress_ints(values) -> str:
-    """``[0, 1, 2, 3, 64, 65]`` -> ``"0-3,64-65"`` (the form systemd's CPUAffinity= and taskset take)."""
-    nums = sorted(set(int(v) for v in values))
-    parts = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _as_int(value):
-    """An int from an int or a string of digits; None when it is neither."""
-    if _is_int(value):
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _as_float(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _as_bool(value):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("yes", "true", "on", "1", "y"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("no", "false", "off", "0", "n"):
-        return False
-    if _is_int(value) and value in (0, 1):
-        return bool(value)
-    return None
-
 
 def _is_auto(value) -> bool:
     return value is None or (isinstance(value, str) and value.strip().lower() == "auto")

@@ -29,6 +29,7 @@ import json
 import re
 import shlex
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import compress_ints, is_int as _is_int
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
 
 __all__ = [
@@ -238,23 +239,6 @@ def check_extra_args(groups, where: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------- helpers
-
-def compress_ints(values) -> str:
-    nums = sorted(set(int(v) for v in values))
-    parts = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        parts.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def _int_list(value):
     if value is None:

@@ -70,4 +70,6 @@ def test_variables_used_by_the_tasks_are_declared():
             text = handle.read()
         defined |= set(re.findall(r"register: (vllm_install_\w+)", text))
         defined |= set(re.findall(r"^\s+(vllm_install_\w+):", text, re.M))
+    # the role's private constants (vars/main.yml, role__name)
+    defined |= set(load("vars", "main.yml"))
     assert used - defined - set(DEFAULTS) == set()
