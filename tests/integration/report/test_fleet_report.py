@@ -1,6 +1,6 @@
 """The fleet report templates, rendered by the real vllm_verify role (report entry) with ansible-playbook.
 
-Two hosts: the seed box (two TP=4 instances planned by the real gpu_plan filter over the seed
+Two hosts: the seed box (two TP=4 instances planned by the real vllm_plan filter over the seed
 host's facts) and a host that failed earlier in the play (no summary).
 """
 import json
@@ -19,12 +19,11 @@ PLAYBOOK = """
     - name: Plan the seed host with the real planner
       ansible.builtin.set_fact:
         vllm_verify_summary:
-          plan: "{{ gpus | inferops.vllm.gpu_plan(instances, links=links) }}"
+          plan: "{{ (models | inferops.vllm.vllm_plan(instances, facts={'gpus': gpus, 'gpu_links': links})).instances }}"
           gpus: "{{ gpus }}"
           footprint: "{{ footprint }}"
           bench: [{vllm_verify_instance: {name: chat-a}, single_stream_tokens_per_s: 84.2,
                    throughput_tokens_per_s: 2510.4, concurrency: 4}]
-          models: "{{ models }}"
       when: inventory_hostname == 'seed'
     - name: Write the report
       ansible.builtin.include_role:
