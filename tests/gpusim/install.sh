@@ -24,7 +24,7 @@ if [ ! -f "$src" ]; then
   echo "install.sh: no such profile: $profile (have: $(for f in "$here"/profiles/*.json; do basename "$f" .json; done | tr '\n' ' '))" >&2
   exit 2
 fi
-python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p["gpus"], "no gpus"' "$src"
+python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); assert p.get("gpus") or p.get("extends"), "no gpus"' "$src"
 install -d "$root/usr/bin" "$root/etc/gpusim/profiles" "$root/run/gpusim/stray.d" \
   "$root/usr/lib/tmpfiles.d"
 # The sources say "#!/usr/bin/env python" (what ansible-test sanity allows); Debian 12 has no
