@@ -53,6 +53,12 @@ options:
     type: list
     elements: list
     default: []
+  p2p_mitigated:
+    description:
+      - The host class already runs without P2P (C(NCCL_P2P_DISABLE=1) and
+        C(--disable-custom-all-reduce)); a group without P2P read then passes, with a note.
+    type: bool
+    default: false
   cuda_build:
     description:
       - CUDA version the installed vLLM wheel is built for (C(12.9), C(13.0), ...); an empty string
@@ -481,7 +487,7 @@ def check_xid(health, gpus, events, fail_codes, source):
             health.add("xid", False, "%s: no Xid" % gpu_label(gpu), gpu["index"])
 
 
-def check_p2p(health, groups, matrix, error):
+def check_p2p(health, groups, matrix, error, mitigated=False):
     if not groups:
         health.add("p2p", False, "no tensor-parallel group of two or more GPUs planned")
         return
@@ -498,7 +504,10 @@ def check_p2p(health, groups, matrix, error):
                     if status != "OK":
                         broken.append("GPU%d-GPU%d %s" % (i, j, status))
         name = "tensor-parallel group GPUs %s" % ",".join(str(i) for i in group)
-        if broken:
+        if broken and mitigated:
+            health.add("p2p", False, "%s: no P2P read (%s), mitigated: NCCL_P2P_DISABLE=1 and "
+                       "--disable-custom-all-reduce are set for this host" % (name, ", ".join(broken)))
+        elif broken:
             health.add("p2p", True,
                        "%s: P2P read is not available (%s; nvidia-smi topo -p2p r): TP hangs after "
                        "NCCL init on such boards. Fix: turn ACS off (or the IOMMU to passthrough) in "
@@ -673,7 +682,7 @@ def run_checks(module, smi, params):
             matrix = parse_topo_p2p(out)
         else:
             p2p_error = "exit %s: %s" % (rc, (out.strip() or err.strip() or "no output").splitlines()[0])
-    check_p2p(health, groups, matrix, p2p_error)
+    check_p2p(health, groups, matrix, p2p_error, params["p2p_mitigated"])
 
     min_mib = params["shm_min_mib"]
     if min_mib is None:
@@ -723,6 +732,7 @@ def main():
             severities=dict(type="dict", default={}),
             plan=dict(type="raw"),
             tp_groups=dict(type="list", elements="list", default=[]),
+            p2p_mitigated=dict(type="bool", default=False),
             cuda_build=dict(type="str", default=""),
             min_driver=dict(type="str"),
             allow_mig=dict(type="bool", default=False),
