@@ -11,7 +11,7 @@
 # venv with ansible-core to use instead of installing one). Dry run without a GPU (no load phase):
 #   mkdir -p /tmp/smi && ln -sf $PWD/tests/gpusim/nvidia-smi /tmp/smi/ && GPUSIM_PROFILE=$PWD/tests/gpusim/profiles/h200-1gpu.json \
 #   PATH=/tmp/smi:$PATH ANSIBLE_VENV=$PWD/.venv PYTHON=.venv/bin/python OUT=/tmp/h tests/gpu/health_check.sh
-# Writes to $OUT: health_check.log, captures/ (with commands.tsv), module_*.json, summary.txt.
+# Writes to $OUT: health_check.log, captures.tar.gz (captures/ with commands.tsv), module_*.json, summary.txt.
 set -uo pipefail
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 OUT=${OUT:-$ROOT/.cache/health-out}
@@ -106,3 +106,5 @@ SECONDS=0
 echo "health_on_device rc=$? in ${SECONDS} s" | tee -a "$OUT/summary.txt"
 tail -25 "$OUT/health_on_device.log"
 cat "$C/commands.tsv"
+# The device tool brings back a limited number of files: the captures travel as one archive.
+tar -C "$OUT" -czf "$OUT/captures.tar.gz" captures && rm -rf "$OUT/captures"
