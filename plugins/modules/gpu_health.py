@@ -480,6 +480,8 @@ def check_xid(health, gpus, events, fail_codes, source):
         if bad:
             message += "; drain the host, reset the GPU or reboot, and replace it if it comes back"
         health.add("xid", bad, message, gpu["index"] if gpu else None)
+        if not bad and gpu is not None:
+            health.checks["xid"]["messages"].append(message)  # listed, not a problem
     if not events:
         health.add("xid", False, "no Xid in the kernel log (%s)" % source)
     for gpu in gpus:
