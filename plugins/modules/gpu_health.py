@@ -295,6 +295,7 @@ def plan_instances(plan):
 def tp_groups_of(instances, gpus):
     """Consecutive runs of tensor_parallel_size GPUs of each instance, as GPU indices."""
     by_uuid = dict((g["uuid"], g["index"]) for g in gpus)
+    known = set(g["index"] for g in gpus)
     groups = []
     for inst in instances:
         refs = inst.get("gpus") or []
@@ -306,6 +307,7 @@ def tp_groups_of(instances, gpus):
                 indices.append(int(ref))
             elif ref in by_uuid:
                 indices.append(by_uuid[ref])
+        indices = [i for i in indices if i in known]  # the planner never places on absent GPUs
         tp = int(inst.get("tensor_parallel_size") or 1)
         for start in range(0, len(indices), max(tp, 1)):
             group = indices[start:start + tp]
