@@ -252,7 +252,7 @@ class Health(object):
     def __init__(self, severities, gpus):
         self.severities = severities
         self.checks = dict((name, {"status": "pass", "severity": severities[name], "messages": [],
-                                   "problems": [], "gpus": {}}) for name, _ in CHECKS)
+                                   "problems": [], "gpus": {}}) for name in DEFAULT_SEVERITIES)
         self.gpu_checks = dict((g["index"], {}) for g in gpus)
 
     def _status(self, name, problem):
@@ -435,8 +435,9 @@ def check_gpu(health, gpu, allow_mig):
     if slow:
         health.add("clocks", True,
                    "%s: clocks held down by %s (%s C, %s of %s W): check cooling, fans and the power "
-                   "supply / power brake cable" % (label, ", ".join(slow), gpu["temperature_gpu"],
-                                                  gpu["power_draw_w"], gpu["power_limit_w"]), idx)
+                   "supply / power brake cable"
+                   % (label, ", ".join(slow), gpu["temperature_gpu"], gpu["power_draw_w"], gpu["power_limit_w"]),
+                   idx)
     else:
         health.add("clocks", False, "%s: no thermal or power-brake slowdown" % label, idx)
 
@@ -544,8 +545,8 @@ def check_fabric(health, gpus, module, runner, params, driver):
         health.add("fabric", True,
                    "%d NVSwitch device(s) but %s is %s: CUDA fails with 'system not yet initialized' "
                    "while nvidia-smi lists every GPU; install nvidia-fabricmanager-%s and run "
-                   "systemctl enable --now %s" % (len(entries), unit, state,
-                                                   (driver or "").split(".")[0] or "<driver branch>", unit))
+                   "systemctl enable --now %s"
+                   % (len(entries), unit, state, (driver or "").split(".")[0] or "<driver branch>", unit))
     binary = params["fabricmanager_bin"]
     path = binary if os.path.isabs(binary) else module.get_bin_path(binary)
     fm_version = None
@@ -704,7 +705,7 @@ def run_checks(module, smi, params):
         entry.update({"status": status, "checks": checks})
         result_gpus.append(entry)
     failures, warnings = [], []
-    for name, _ in CHECKS:
+    for name, _default in CHECKS:
         check = health.checks[name]
         if check["status"] == "fail":
             failures.extend(check["problems"])
