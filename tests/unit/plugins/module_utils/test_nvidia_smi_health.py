@@ -28,7 +28,7 @@ def commands():
 
 def sim(profile, *args):
     env = dict(os.environ, GPUSIM_PROFILE=profile, GPUSIM_NOW="2026-12-03T13:55:23")
-    proc = subprocess.run([sys.executable, SMI] + list(args), capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, SMI] + list(args), capture_output=True, text=True, env=env, check=False)
     return proc.returncode, proc.stdout
 
 
@@ -211,11 +211,15 @@ def test_remapped_rows_round_trip(rows, header):
             expected.append({"gpu_uuid": uuid, "gpu_bus_id": bus, "correctable": None,
                              "uncorrectable": None, "pending": None, "failure": None})
         else:
-            lines.append("%s, %s, %d, %d, %s, %s" % (uuid, bus, corr, unc, "Yes" if pending else "No",
-                                                    "Yes" if failure else "No"))
+            flags = ("Yes" if pending else "No", "Yes" if failure else "No")
+            lines.append("%s, %s, %d, %d, %s, %s" % ((uuid, bus, corr, unc) + flags))
             expected.append({"gpu_uuid": uuid, "gpu_bus_id": bus, "correctable": corr,
                              "uncorrectable": unc, "pending": pending, "failure": failure})
     assert n.parse_remapped_rows("\n".join(lines) + "\n") == expected
+
+
+def na(value):
+    return None if value == "[N/A]" else value
 
 
 MODE = st.sampled_from(["Enabled", "Disabled", "[N/A]"])
@@ -236,7 +240,6 @@ def test_health_query_round_trips(pm, mig, ecc, unc, gen, width, mask, slow, wat
     head = [f + (" [W]" if f in ("power.draw", "power.limit") and units else "") for f in n.HEALTH_FIELDS]
     text = (", ".join(head) + "\n" if header else "") + ", ".join(row) + "\n"
     (gpu,) = n.parse_health_query(text)
-    na = lambda v: None if v == "[N/A]" else v  # noqa: E731
     assert gpu["index"] == 3 and gpu["persistence_mode"] == na(pm) and gpu["mig_mode"] == na(mig)
     assert gpu["ecc_mode"] == na(ecc) and gpu["ecc_uncorrected_volatile"] == unc
     assert gpu["retired_pages_pending"] == {"Yes": True, "No": False, "[N/A]": None}[remap]

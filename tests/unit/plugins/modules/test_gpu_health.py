@@ -75,7 +75,7 @@ def health(result):
 
 def test_an_empty_journal_falls_back_to_dmesg(monkeypatch, tmp_path):
     _s, result, host = run(monkeypatch, tmp_path, journalctl=(0, ""))
-    assert [k for k, _ in host.calls] == ["query", "remap", "journalctl", "dmesg"]
+    assert [call[0] for call in host.calls] == ["query", "remap", "journalctl", "dmesg"]
     assert health(result)["kernel_log"] == "dmesg"
 
 
@@ -86,7 +86,7 @@ def test_the_real_h200_passes_every_check_in_three_calls(monkeypatch, tmp_path):
     assert h["status"] == "pass" and h["failures"] == [] and h["warnings"] == []
     assert set(h["checks"]) == set(dict(gpu_health.CHECKS))
     assert all(c["status"] == "pass" for c in h["checks"].values())
-    assert [k for k, _ in host.calls] == ["query", "remap", "journalctl"]
+    assert [call[0] for call in host.calls] == ["query", "remap", "journalctl"]
     assert h["gpus"][0]["clocks_event_reasons"] == "0x0000000000000001" and h["min_driver"] == "580.65.06"
     assert h["nvswitch"] is False and h["tp_groups"] == []
 
@@ -163,7 +163,7 @@ def test_remap_pending_and_failed(monkeypatch, tmp_path):
 def test_a_driver_without_a_field_is_asked_again_without_it(monkeypatch, tmp_path):
     bad = 'Field "fabric.state" is not a valid field to query.\n\n'
     _s, result, host = run(monkeypatch, tmp_path, query=[(2, bad), (0, Q)])
-    assert [k for k, _ in host.calls][:2] == ["query", "query"]
+    assert [call[0] for call in host.calls][:2] == ["query", "query"]
     assert "fabric.state" not in host.calls[1][1][1] and health(result)["status"] == "pass"
     assert any("fabric.state" in w for w in host.warnings)
 
@@ -175,7 +175,7 @@ def test_xid_from_the_kernel_log_file(monkeypatch, tmp_path):
                    "[ 3.0] NVRM: Xid (PCI:0000:00:06): 94, Contained ECC error\n")
     _s, result, host = run(monkeypatch, tmp_path, {"kernel_log": str(log)})
     h = health(result)
-    assert [k for k, _ in host.calls] == ["query", "remap"]  # the file, not journalctl
+    assert [call[0] for call in host.calls] == ["query", "remap"]  # the file, not journalctl
     assert len(h["failures"]) == 1 and "Xid 94 (contained ECC error)" in h["failures"][0]
     assert any("Xid 13" in m for m in h["checks"]["xid"]["messages"])  # listed, passes
     _s, result, _host = run(monkeypatch, tmp_path, {"kernel_log": str(log), "xid_fail_codes": [13]})
@@ -187,7 +187,7 @@ def test_nvswitch_host_needs_the_fabric_manager_at_the_driver_version(monkeypatc
     q = fault(fault(Q, "fabric.state", "Completed"), "fabric.status", "Success")
     _s, result, host = run(monkeypatch, tmp_path, query=(0, q))
     assert health(result)["status"] == "pass" and health(result)["nvswitch"] is True
-    assert [k for k, _ in host.calls][-2:] == ["systemctl", "fm"]
+    assert [call[0] for call in host.calls][-2:] == ["systemctl", "fm"]
     _s, result, _host = run(monkeypatch, tmp_path, query=(0, fault(q, "fabric.state", "In Progress")),
                             systemctl=(3, "inactive\n"))
     failures = health(result)["failures"]
@@ -198,8 +198,8 @@ def test_nvswitch_host_needs_the_fabric_manager_at_the_driver_version(monkeypatc
 
 
 P2P = (" \t\x1b[4mGPU0\tGPU1\tGPU2\t\x1b[0m\n GPU0\tX\tOK\tNS\t\n GPU1\tOK\tX\tNS\t\n GPU2\tNS\tNS\tX\t\n\nLegend:\n")
-Q3 = Q + "\n".join(Q.splitlines()[1].replace("0, GPU-ed3c5504-4725-ca05-65a6-3231da0a09ad, 00000000:00:06.0",
-                                               "%d, GPU-ed3c5504-4725-ca05-65a6-3231da0a09a%d, 00000000:00:0%d.0" % (i, i, 6 + i))
+ROW0 = "0, GPU-ed3c5504-4725-ca05-65a6-3231da0a09ad, 00000000:00:06.0"
+Q3 = Q + "\n".join(Q.splitlines()[1].replace(ROW0, "%d, GPU-ed3c5504-4725-ca05-65a6-3231da0a09a%d, 00000000:00:0%d.0" % (i, i, 6 + i))
                    for i in (1, 2)) + "\n"
 
 
