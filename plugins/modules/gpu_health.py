@@ -105,10 +105,11 @@ options:
   shm_min_mib:
     description:
       - Minimum size of I(shm_path) in MiB. Unset - I(shm_mib_per_instance) for each planned
-        instance (at least one).
+        instance that spans several GPUs (tensor or pipeline parallel; its workers talk through
+        shared memory and NCCL); single-GPU instances ask for none.
     type: int
   shm_mib_per_instance:
-    description: C(/dev/shm) MiB asked for per planned instance when I(shm_min_mib) is unset.
+    description: C(/dev/shm) MiB asked for per planned multi-GPU instance when I(shm_min_mib) is unset.
     type: int
     default: 1024
   nofile_min:
@@ -577,6 +578,17 @@ def check_fabric(health, gpus, module, runner, params, driver):
     return True
 
 
+def multi_gpu(instances):
+    """Planned instances whose workers span several GPUs (TP x PP > 1)."""
+    def size(inst, key):
+        try:
+            return int(inst.get(key) or 1)
+        except (TypeError, ValueError):
+            return 1
+    return [inst for inst in instances
+            if size(inst, "tensor_parallel_size") * size(inst, "pipeline_parallel_size") > 1]
+
+
 def check_shm(health, path, min_mib, instances):
     try:
         st = os.statvfs(path)
@@ -586,7 +598,7 @@ def check_shm(health, path, min_mib, instances):
     size_mib = st.f_blocks * st.f_frsize // (1024 * 1024)
     if size_mib < min_mib:
         health.add("shm", True,
-                   "%s is %d MiB, less than the %d MiB asked for %d planned instance(s): NCCL and vLLM's "
+                   "%s is %d MiB, less than the %d MiB asked for %d planned multi-GPU instance(s): NCCL and vLLM's "
                    "shared-memory queues fail ('unhandled system error'); enlarge it (mount -o remount,"
                    "size=%dM %s, or --shm-size / --ipc=host in a container)"
                    % (path, size_mib, min_mib, len(instances), max(min_mib, 1024), path))
@@ -691,7 +703,8 @@ def run_checks(module, smi, params):
 
     min_mib = params["shm_min_mib"]
     if min_mib is None:
-        min_mib = params["shm_mib_per_instance"] * max(1, len(instances))
+        instances = multi_gpu(instances)
+        min_mib = params["shm_mib_per_instance"] * len(instances)
     shm_mib = check_shm(health, params["shm_path"], min_mib, instances)
     nofile = check_nofile(health, params["nofile_min"], params["nofile_service_limit"])
 

@@ -221,9 +221,12 @@ def test_p2p_per_planned_group_both_plan_shapes(monkeypatch, tmp_path, plan):
 
 
 def test_shm_size_follows_the_planned_instances(monkeypatch, tmp_path):
-    plan = [{"name": "a", "gpus": [0], "tensor_parallel_size": 1}] * 3
+    plan = [{"name": "a", "gpus": [0], "tensor_parallel_size": 1},
+            {"name": "b", "gpus": [], "tensor_parallel_size": 2}, {"name": "c", "gpus": [], "pipeline_parallel_size": 2}]
     _s, result, _host = run(monkeypatch, tmp_path, {"plan": plan, "shm_min_mib": None, "shm_mib_per_instance": 10 ** 9})
-    assert "less than the 3000000000 MiB asked for 3 planned instance(s)" in health(result)["failures"][0]
+    assert "less than the 2000000000 MiB asked for 2 planned multi-GPU instance(s)" in health(result)["failures"][0]
+    _s, result, _host = run(monkeypatch, tmp_path, {"plan": plan[:1], "shm_min_mib": None, "shm_mib_per_instance": 10 ** 9})
+    assert health(result)["checks"]["shm"]["status"] == "pass"  # single-GPU instances ask for none
 
 
 def test_cpu_build_skips_the_driver_check_and_unknown_builds_fail(monkeypatch, tmp_path):
