@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+from html.parser import HTMLParser
+
 import pytest
 import yaml
 
@@ -69,6 +71,16 @@ PLAYBOOK = """
           ansible.builtin.set_fact:
             health_failure: "{{ ansible_failed_result.msg }}"
             cacheable: true
+
+    - name: Record the health as vllm_verify does for the fleet report
+      ansible.builtin.set_fact:
+        vllm_verify_summary: {plan: [], gpus: [], footprint: [], bench: [], models: {},
+                              health: "{{ ansible_facts.gpu_health | default(none) }}"}
+
+    - name: Write the fleet report
+      ansible.builtin.include_role:
+        name: inferops.vllm.vllm_verify
+        tasks_from: report
 """
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+"
                    r"skipped=(\d+)\s+rescued=(\d+)", re.M)
@@ -106,11 +118,13 @@ def fixture_run(tmp_path_factory):
             "vllm_preflight_health_fabricmanager_bin": os.path.join(GPUSIM, "nv-fabricmanager"),
             "vllm_preflight_health_shm_min_mib": 1,
             "vllm_service_limit_nofile": 65536,
+            "vllm_verify_report_dir": str(tmp / "reports"),
         }
         hostvars.update(extra)
         hosts[host] = hostvars
     (tmp / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     (tmp / "play.yml").write_text(PLAYBOOK)
+    (tmp / "reports").mkdir()  # exists already: the report's directory task reports no change
     # Results come back through the controller's fact cache (nothing is written on the "hosts").
     env = dict(os.environ, ANSIBLE_CACHE_PLUGIN="ansible.builtin.jsonfile", ANSIBLE_NOCOLOR="1",
                ANSIBLE_CACHE_PLUGIN_CONNECTION=str(tmp / "facts"),
@@ -134,7 +148,7 @@ def fixture_run(tmp_path_factory):
                 data = json.load(handle)
             # ansible-core 2.19+ wraps the cached facts: {"__payload__": "<json text>"}
             facts[host] = _untag(json.loads(data["__payload__"]) if "__payload__" in data else data)
-    return {"stats": stats, "facts": facts, "stdout": proc.stdout}
+    return {"stats": stats, "facts": facts, "stdout": proc.stdout, "reports": tmp / "reports"}
 
 
 @pytest.mark.parametrize("host", sorted(CASES))
@@ -162,3 +176,26 @@ def test_each_profile_gives_its_verdict_and_changes_nothing(run, host):
         assert health["failures"] == [] and health["warnings"] == []
     for gpu in health["gpus"]:
         assert set(gpu["checks"]) >= {"persistence", "mig", "row_remap", "pcie_width", "xid"}
+
+
+class _Text(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.text = []
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_fleet_report_has_a_health_panel_per_host_gpu_by_gpu(run):
+    md = (run["reports"] / "fleet-report.md").read_text()
+    assert "### remap: fail" in md and "### x8: warn" in md and "### h200: pass" in md
+    assert "### cpu-only" not in md  # no health on a CPU-only host
+    assert "Driver 580.159.04, CUDA build 13.0 (needs >= 580.65.06), NVSwitch." in md  # hgx
+    assert "| 0 | 00000000:00:06.0 | warn | Gen5 x8 | 0 | GPU 0 (00000000:00:06.0): PCIe link runs at x8 of x16" in md
+    assert "- **p2p** (fail): tensor-parallel group GPUs 0,1,2,3,4,5,6,7: P2P read is not available" in md
+    assert "- **fabric** (fail): 4 NVSwitch device(s) but nvidia-fabricmanager is inactive" in md
+    parser = _Text()
+    parser.feed((run["reports"] / "fleet-report.html").read_text())
+    text = " ".join(parser.text)
+    assert "GPU health by host" in text and "NCCL_P2P_DISABLE=1" in text and "x8 of x16" in text
