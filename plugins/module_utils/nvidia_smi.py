@@ -845,3 +845,372 @@ def gather_facts(smi):
     topo = smi.topology()
     versions = smi.versions()
     return build_facts(gpus, apps, topo, versions, smi.sysfs_root, smi.proc_root, smi.warnings)
+
+
+# --------------------------------------------------------------------------------------------
+# GPU health (inferops.vllm.gpu_health): one --query-gpu, --query-remapped-rows, topo -p2p,
+# the kernel log's Xid lines, the fabric manager's version
+# --------------------------------------------------------------------------------------------
+
+HEALTH_FIELDS = (
+    "index",
+    "uuid",
+    "pci.bus_id",
+    "driver_version",
+    "persistence_mode",
+    "compute_mode",
+    "mig.mode.current",
+    "mig.mode.pending",
+    "ecc.mode.current",
+    "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.volatile.total",
+    "retired_pages.pending",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "clocks_event_reasons.active",
+    "clocks_event_reasons.hw_slowdown",
+    "clocks_event_reasons.sw_thermal_slowdown",
+    "clocks_event_reasons.hw_thermal_slowdown",
+    "clocks_event_reasons.hw_power_brake_slowdown",
+    "temperature.gpu",
+    "power.draw",
+    "power.limit",
+    "fabric.state",
+    "fabric.status",
+)
+# Fields an older driver may not know: the health query is retried without them (the checks that
+# need them then say "not reported").
+OPTIONAL_HEALTH_FIELDS = HEALTH_FIELDS[3:]
+REQUIRED_HEALTH_FIELDS = ("index", "uuid", "pci.bus_id")
+
+REMAPPED_ROWS_FIELDS = ("gpu_uuid", "gpu_bus_id", "remapped_rows.correctable",
+                        "remapped_rows.uncorrectable", "remapped_rows.pending", "remapped_rows.failure")
+QUERY_REMAPPED_ROWS_ARGS = ("--query-remapped-rows=" + ",".join(REMAPPED_ROWS_FIELDS), "--format=csv")
+TOPO_P2P_READ_ARGS = ("topo", "-p2p", "r")
+
+# Minimum Linux driver per CUDA build of the vLLM wheel (NVIDIA's CUDA Toolkit release notes,
+# table "CUDA Toolkit and Corresponding Driver Versions", Linux x86_64 GA drivers).
+CUDA_MIN_DRIVER = {
+    "11.8": "520.61.05",
+    "12.1": "530.30.02",
+    "12.4": "550.54.14",
+    "12.6": "560.28.03",
+    "12.8": "570.26",
+    "12.9": "575.51.03",
+    "13.0": "580.65.06",
+}
+
+# Xid codes that mean a broken GPU, GPU memory or fabric (not an application's own fault, such as
+# 13, 31 or 43), with what each one means.
+XID_MEANINGS = {
+    48: "double-bit ECC error",
+    56: "display engine error",
+    57: "error programming video memory interface",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping event",
+    64: "ECC page retirement or row remapping failure",
+    68: "video processor exception",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    110: "security fault",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "C2C link error",
+    123: "SPI PMU RPC failure",
+    136: "link training failure",
+    140: "unrecovered ECC error",
+    143: "GPU initialization failure",
+    144: "NVLink error",
+    145: "NVLink error",
+    146: "NVLink error",
+    147: "NVLink error",
+    148: "NVLink error",
+    149: "NVLink error",
+    150: "NVLink error",
+    154: "GPU recovery action required",
+}
+XID_FAIL_DEFAULT = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 154)
+
+_YES_NO = {"Yes": True, "No": False}
+_ACTIVE = {"Active": True, "Not Active": False}
+_HEX = re.compile(r"^0x[0-9A-Fa-f]+$")
+_NUMBER = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(?: ?([A-Za-z%]+))?$")
+
+# clocks_event_reasons.active bits (nvml.h nvmlClocksEventReason*)
+CLOCK_EVENT_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def _conv_yes_no(value):
+    if value not in _YES_NO:
+        raise ValueError("not Yes/No")
+    return _YES_NO[value]
+
+
+def _conv_active(value):
+    if value not in _ACTIVE:
+        raise ValueError("not Active/Not Active")
+    return _ACTIVE[value]
+
+
+def _conv_hex(value):
+    if not _HEX.match(value):
+        raise ValueError("not a hex bit mask")
+    return int(value, 16)
+
+
+def _conv_number(unit):
+    def conv(value):
+        m = _NUMBER.match(value)
+        if not m or (m.group(2) and m.group(2) != unit):
+            raise ValueError("not a number in %s" % unit)
+        return float(m.group(1))
+    return conv
+
+
+# field -> (result key, converter, header names)
+_HEALTH_SPECS = {
+    "index": ("index", _conv_int, ("index",)),
+    "uuid": ("uuid", _conv_gpu_uuid, ("uuid", "gpu_uuid")),
+    "pci.bus_id": ("pci_bus_id", _conv_bus_id, ("pci.bus_id", "gpu_bus_id")),
+    "driver_version": ("driver_version", _conv_version, ("driver_version",)),
+    "persistence_mode": ("persistence_mode", _conv_mode, ("persistence_mode",)),
+    "compute_mode": ("compute_mode", _conv_word, ("compute_mode",)),
+    "mig.mode.current": ("mig_mode", _conv_mode, ("mig.mode.current",)),
+    "mig.mode.pending": ("mig_mode_pending", _conv_mode, ("mig.mode.pending",)),
+    "ecc.mode.current": ("ecc_mode", _conv_mode, ("ecc.mode.current",)),
+    "ecc.errors.uncorrected.volatile.total": (
+        "ecc_uncorrected_volatile", _conv_int, ("ecc.errors.uncorrected.volatile.total",)),
+    "ecc.errors.corrected.volatile.total": (
+        "ecc_corrected_volatile", _conv_int, ("ecc.errors.corrected.volatile.total",)),
+    "retired_pages.pending": ("retired_pages_pending", _conv_yes_no, ("retired_pages.pending",)),
+    "pcie.link.gen.current": ("pcie_gen_current", _conv_int, ("pcie.link.gen.current",)),
+    "pcie.link.gen.max": ("pcie_gen_max", _conv_int, ("pcie.link.gen.max",)),
+    "pcie.link.width.current": ("pcie_width_current", _conv_int, ("pcie.link.width.current",)),
+    "pcie.link.width.max": ("pcie_width_max", _conv_int, ("pcie.link.width.max",)),
+    "clocks_event_reasons.active": (
+        "clocks_event_reasons", _conv_hex, ("clocks_event_reasons.active",)),
+    "clocks_event_reasons.hw_slowdown": (
+        "hw_slowdown", _conv_active, ("clocks_event_reasons.hw_slowdown",)),
+    "clocks_event_reasons.sw_thermal_slowdown": (
+        "sw_thermal_slowdown", _conv_active, ("clocks_event_reasons.sw_thermal_slowdown",)),
+    "clocks_event_reasons.hw_thermal_slowdown": (
+        "hw_thermal_slowdown", _conv_active, ("clocks_event_reasons.hw_thermal_slowdown",)),
+    "clocks_event_reasons.hw_power_brake_slowdown": (
+        "hw_power_brake_slowdown", _conv_active, ("clocks_event_reasons.hw_power_brake_slowdown",)),
+    "temperature.gpu": ("temperature_gpu", _conv_int, ("temperature.gpu",)),
+    "power.draw": ("power_draw_w", _conv_number("W"), ("power.draw",)),
+    "power.limit": ("power_limit_w", _conv_number("W"), ("power.limit",)),
+    "fabric.state": ("fabric_state", _conv_word, ("fabric.state",)),
+    "fabric.status": ("fabric_status", _conv_text, ("fabric.status",)),
+}
+_REMAP_SPECS = {
+    "gpu_uuid": ("gpu_uuid", _conv_gpu_uuid, ("gpu_uuid", "uuid")),
+    "gpu_bus_id": ("gpu_bus_id", _conv_bus_id, ("gpu_bus_id", "pci.bus_id")),
+    "remapped_rows.correctable": ("correctable", _conv_int, ("remapped_rows.correctable",)),
+    "remapped_rows.uncorrectable": ("uncorrectable", _conv_int, ("remapped_rows.uncorrectable",)),
+    "remapped_rows.pending": ("pending", _conv_yes_no, ("remapped_rows.pending",)),
+    "remapped_rows.failure": ("failure", _conv_yes_no, ("remapped_rows.failure",)),
+}
+
+
+def parse_health_query(text, fields=HEALTH_FIELDS):
+    """``nvidia-smi --query-gpu=<HEALTH_FIELDS> --format=csv[,noheader][,nounits]`` -> GPU dicts.
+
+    Keys (see ``_HEALTH_SPECS``): ``index``, ``uuid``, ``pci_bus_id``, ``driver_version``,
+    ``persistence_mode``, ``compute_mode``, ``mig_mode``, ``mig_mode_pending``, ``ecc_mode``,
+    ``ecc_uncorrected_volatile``, ``ecc_corrected_volatile``, ``retired_pages_pending`` (bool),
+    ``pcie_gen_current``/``pcie_gen_max``/``pcie_width_current``/``pcie_width_max``,
+    ``clocks_event_reasons`` (the bit mask as an int), ``hw_slowdown``, ``sw_thermal_slowdown``,
+    ``hw_thermal_slowdown``, ``hw_power_brake_slowdown`` (bools), ``temperature_gpu``,
+    ``power_draw_w``, ``power_limit_w``, ``fabric_state``, ``fabric_status``. N/A is None; a field
+    not asked for is None too.
+    """
+    required = tuple(f for f in REQUIRED_HEALTH_FIELDS if f in fields)
+    gpus = _parse_csv(text, fields, _HEALTH_SPECS, required, "nvidia-smi --query-gpu")
+    if not gpus:
+        raise NvidiaSmiParseError("nvidia-smi --query-gpu: no GPU rows in the output")
+    for gpu in gpus:
+        for spec in _HEALTH_SPECS.values():
+            gpu.setdefault(spec[0], None)
+    return gpus
+
+
+def parse_remapped_rows(text, fields=REMAPPED_ROWS_FIELDS):
+    """``nvidia-smi --query-remapped-rows=<fields> --format=csv`` -> one dict per GPU.
+
+    Keys: ``gpu_uuid``, ``gpu_bus_id``, ``correctable``, ``uncorrectable`` (rows remapped),
+    ``pending`` and ``failure`` (bools); None where the GPU does not support row remapping
+    (before Ampere).
+    """
+    required = tuple(f for f in ("gpu_uuid", "gpu_bus_id") if f in fields)
+    return _parse_csv(text, fields, _REMAP_SPECS, required, "nvidia-smi --query-remapped-rows")
+
+
+_P2P_CELL = re.compile(r"^(?:X|OK|CNS|GNS|TNS|NS|U)$")
+
+
+def parse_topo_p2p(text):
+    """``nvidia-smi topo -p2p r|w|n|a|p`` -> ``{gpu index: {other index: status}}``.
+
+    Status is the matrix cell: ``OK``, ``NS`` (not supported), ``CNS`` (chipset), ``GNS`` (GPU),
+    ``TNS`` (topology), ``U`` (unknown); the diagonal (``X``) is left out. Lines start with a
+    space, cells are tab separated, the header carries ANSI escapes; the legend is ignored.
+    """
+    lines = [strip_ansi(line).rstrip("\r\n") for line in text.splitlines()]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if not lines:
+        raise NvidiaSmiParseError("nvidia-smi topo -p2p: empty output")
+    header = [c.strip() for c in lines[0].split("\t") if c.strip()]
+    columns = []
+    for label in header:
+        m = _GPU_LABEL.match(label)
+        if not m:
+            raise NvidiaSmiParseError("nvidia-smi topo -p2p: header cell %r is not GPU<n>" % label)
+        columns.append(int(m.group(1)))
+    if not columns:
+        raise NvidiaSmiParseError("nvidia-smi topo -p2p: no GPU columns in %r" % lines[0])
+    matrix = {}
+    for line in lines[1:]:
+        if not line.strip():
+            break
+        cells = [c.strip() for c in line.split("\t")]
+        while cells and cells[-1] == "":
+            cells.pop()
+        if not cells or not cells[0]:
+            raise NvidiaSmiParseError("nvidia-smi topo -p2p: row without a label: %r" % line)
+        m = _GPU_LABEL.match(cells[0])
+        if not m:
+            raise NvidiaSmiParseError("nvidia-smi topo -p2p: row label %r is not GPU<n>" % cells[0])
+        values = cells[1:]
+        if len(values) != len(columns):
+            raise NvidiaSmiParseError(
+                "nvidia-smi topo -p2p: row %s has %d cells for %d GPUs: %r"
+                % (cells[0], len(values), len(columns), line))
+        index = int(m.group(1))
+        row = {}
+        for other, value in zip(columns, values):
+            if not _P2P_CELL.match(value):
+                raise NvidiaSmiParseError("nvidia-smi topo -p2p: unknown status %r in row %s" % (value, cells[0]))
+            if other == index:
+                if value != "X":
+                    raise NvidiaSmiParseError("nvidia-smi topo -p2p: diagonal of %s is %r" % (cells[0], value))
+                continue
+            if value == "X":
+                raise NvidiaSmiParseError("nvidia-smi topo -p2p: X off the diagonal in row %s" % cells[0])
+            row[other] = value
+        matrix[index] = row
+    if sorted(matrix) != sorted(columns):
+        raise NvidiaSmiParseError("nvidia-smi topo -p2p: rows %s do not match columns %s"
+                                  % (sorted(matrix), columns))
+    return matrix
+
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): "
+                  r"([0-9]+),\s*(.*)$")
+_SXID = re.compile(r"nvidia-nvswitch([0-9]+): SXid \(PCI:([0-9A-Fa-f:.]+)\): ([0-9]+),\s*(.*)$")
+
+
+def parse_xid_lines(text):
+    """Kernel log text (``journalctl -k``, ``dmesg``, a file) -> Xid and SXid events.
+
+    Returns dicts ``{"kind": "Xid"|"SXid", "xid": int, "pci": "0000:18:00" (domain:bus:device,
+    lower case) | "nvswitch<n>", "detail": str, "line": str}`` in log order. Lines without an Xid
+    are ignored; so is anything before ``NVRM:`` (timestamps, host names).
+    """
+    events = []
+    for line in text.splitlines():
+        m = _XID.search(line)
+        if m:
+            domain, bus, dev = m.group(1).split(":")
+            events.append({"kind": "Xid", "xid": int(m.group(2)),
+                           "pci": "%04x:%s:%s" % (int(domain, 16), bus.lower(), dev.lower()),
+                           "detail": m.group(3).strip(), "line": line.strip()})
+            continue
+        m = _SXID.search(line)
+        if m:
+            events.append({"kind": "SXid", "xid": int(m.group(3)), "pci": "nvswitch" + m.group(1),
+                           "detail": m.group(4).strip(), "line": line.strip()})
+    return events
+
+
+def xid_pci_of_bus_id(bus_id):
+    """``00000000:18:00.0`` -> ``0000:18:00``: the form Xid lines name a GPU by."""
+    return normalize_bus_id(bus_id).rsplit(".", 1)[0]
+
+
+_FM_VERSION = re.compile(r"[Vv]ersion[^0-9\n]*([0-9]{3,}\.[0-9]+(?:\.[0-9]+)?)\b")
+
+
+def parse_fabricmanager_version(text):
+    """``nv-fabricmanager --version`` -> ``580.159.04``; None when the text holds no version.
+
+    The tool prints ``Fabric Manager version is : 580.159.04``; any "version" followed by a
+    driver-style version on the same line is accepted (no capture from an NVSwitch host yet).
+    """
+    m = _FM_VERSION.search(text or "")
+    return m.group(1) if m else None
+
+
+_PROC_DRIVER = re.compile(r"NVRM version:.*?\s([0-9]{3,}\.[0-9]+(?:\.[0-9]+)?)\s")
+
+
+def parse_proc_driver_version(text):
+    """``/proc/driver/nvidia/version`` -> the kernel module's version, or None."""
+    m = _PROC_DRIVER.search(text or "")
+    return m.group(1) if m else None
+
+
+def version_tuple(version):
+    """``575.51.03`` -> (575, 51, 3); raises NvidiaSmiParseError for anything else."""
+    if not isinstance(version, str) or not _VERSION.match(version.strip()):
+        raise NvidiaSmiParseError("not a version: %r" % (version,))
+    return tuple(int(part) for part in version.strip().split("."))
+
+
+def clock_event_names(mask):
+    """The set bits of ``clocks_event_reasons.active`` as names (unknown bits as hex)."""
+    if mask is None:
+        return []
+    names = []
+    for bit in sorted(CLOCK_EVENT_BITS):
+        if mask & bit:
+            names.append(CLOCK_EVENT_BITS[bit])
+    rest = mask & ~sum(CLOCK_EVENT_BITS)
+    if rest:
+        names.append("0x%x" % rest)
+    return names
+
+
+def query_health(smi):
+    """The health query through an :class:`NvidiaSmi`, retried without fields the driver lacks."""
+    fields = list(HEALTH_FIELDS)
+    dropped = []
+    while True:
+        args = ("--query-gpu=" + ",".join(fields), "--format=csv")
+        try:
+            _rc, out, _err = smi.run(args)
+        except NvidiaSmiUnknownFieldError as exc:
+            if exc.field in fields and exc.field in OPTIONAL_HEALTH_FIELDS:
+                fields.remove(exc.field)
+                dropped.append(exc.field)
+                continue
+            raise
+        return parse_health_query(out, fields=tuple(fields)), dropped

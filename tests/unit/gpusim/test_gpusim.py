@@ -754,6 +754,16 @@ def test_install_script(tmp_path):
     if os.access("/usr/bin/python3", os.X_OK):
         out = subprocess.run([str(smi), "-L"], env=environ, stdout=subprocess.PIPE, check=True).stdout
         assert out.decode().count("NVIDIA L4") == 4
+    assert (root / "var/lib/gpusim/kern.log").read_text() == "" and (root / "var/lib/gpusim/nvswitch").is_dir()
+    fault = tmp_path / "fault"
+    done = subprocess.run(["sh", os.path.join(GPUSIM, "install.sh"), "fault-hgx-fm-mismatch", str(fault)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(str(fault / "var/lib/gpusim/nvswitch"))) == ["0", "1", "2", "3"]
+    environ = dict(os.environ, GPUSIM_PROFILE=str(fault / "etc/gpusim/profile.json"))
+    out = subprocess.run([PY, str(fault / "usr/bin/gpusim-host"), "fabricmanager", "--version"], env=environ,
+                         stdout=subprocess.PIPE, check=True).stdout  # extends resolved via etc/gpusim/profiles/
+    assert out == b"Fabric Manager version is : 580.95.05\n"
     bad = subprocess.run(["sh", os.path.join(GPUSIM, "install.sh"), "no-such", str(root)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
     assert bad.returncode == 2 and b"no such profile" in bad.stderr

@@ -1,0 +1,251 @@
+"""The health parsers of module_utils/nvidia_smi.py on real H200 captures, on gpusim output, and as
+hypothesis properties (render -> parse gives back what was rendered)."""
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi as n
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+CAP = os.path.join(ROOT, "tests", "fixtures", "nvidia-smi", "h200-1gpu-health")
+SMI = os.path.join(ROOT, "tests", "gpusim", "nvidia-smi")
+
+
+def cap(name):
+    with open(os.path.join(CAP, name)) as handle:
+        return handle.read()
+
+
+def commands():
+    with open(os.path.join(CAP, "commands.tsv")) as handle:
+        rows = list(csv.reader(handle, delimiter="\t"))
+    return dict((r[0], (int(r[1]), r[2])) for r in rows[1:])
+
+
+def sim(profile, *args):
+    env = dict(os.environ, GPUSIM_PROFILE=profile, GPUSIM_NOW="2026-12-03T13:55:23")
+    proc = subprocess.run([sys.executable, SMI] + list(args), capture_output=True, text=True, env=env, check=False)
+    return proc.returncode, proc.stdout
+
+
+H200 = {
+    "index": 0, "pci_bus_id": "00000000:00:06.0", "driver_version": "580.159.04",
+    "persistence_mode": "Enabled", "compute_mode": "Default", "mig_mode": "Disabled",
+    "mig_mode_pending": "Disabled", "ecc_mode": "Enabled", "ecc_uncorrected_volatile": 0,
+    "ecc_corrected_volatile": 0, "retired_pages_pending": None, "pcie_gen_current": 5,
+    "pcie_gen_max": 5, "pcie_width_current": 16, "pcie_width_max": 16, "hw_slowdown": False,
+    "sw_thermal_slowdown": False, "hw_thermal_slowdown": False, "hw_power_brake_slowdown": False,
+    "power_limit_w": 700.0, "fabric_state": None, "fabric_status": None,
+}
+
+
+def test_the_capture_asks_for_exactly_the_modules_fields():
+    _rc, command = commands()["query_health.out"]
+    assert command == "nvidia-smi --query-gpu=%s --format=csv" % ",".join(n.HEALTH_FIELDS)
+    _rc, command = commands()["remapped_rows.out"]
+    assert command == "nvidia-smi " + " ".join(n.QUERY_REMAPPED_ROWS_ARGS)
+
+
+@pytest.mark.parametrize("name", ["query_health.out", "query_health_nounits.out"])
+def test_health_query_of_the_real_h200(name):
+    (gpu,) = n.parse_health_query(cap(name))
+    assert dict((k, gpu[k]) for k in H200) == H200
+    assert gpu["clocks_event_reasons"] == 1 and n.clock_event_names(1) == ["gpu_idle"]
+    assert gpu["power_draw_w"] == 81.63 and gpu["temperature_gpu"] == 40
+
+
+def test_health_query_under_load_clears_the_idle_bit():
+    (gpu,) = n.parse_health_query(cap("device_busy_query_health.out"))
+    assert gpu["clocks_event_reasons"] == 0 and n.clock_event_names(0) == []
+    assert (gpu["pcie_gen_current"], gpu["pcie_width_current"]) == (5, 16)
+    assert gpu["power_draw_w"] == 539.79
+
+
+def test_unknown_fields_are_named_for_the_retry():
+    for name, field in (("device_query_bad_field.out", "clocks_event_reasons.nope"),
+                        ("device_remapped_rows_bad_field.out", "remapped_rows.nope")):
+        rc, command = commands()[name]
+        exc = n.error_from_output(command.split(), rc, cap(name), "")
+        assert isinstance(exc, n.NvidiaSmiUnknownFieldError) and exc.field == field
+
+
+def test_remapped_rows_and_p2p_of_the_real_h200():
+    assert n.parse_remapped_rows(cap("remapped_rows.out")) == [{
+        "gpu_uuid": "GPU-ed3c5504-4725-ca05-65a6-3231da0a09ad", "gpu_bus_id": "00000000:00:06.0",
+        "correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}]
+    for kind in "rwn":
+        assert n.parse_topo_p2p(cap("topo_p2p_%s.out" % kind)) == {0: {}}
+
+
+def test_driver_version_xid_and_nvswitch_captures():
+    assert n.parse_proc_driver_version(cap("proc_driver_version.out")) == "580.159.04"
+    assert n.parse_xid_lines(cap("dmesg_xid.out")) == []
+    assert "total 0" in cap("nvswitch_devices.out")
+
+
+@pytest.mark.parametrize("name,args", [
+    ("query_health.out", ["--query-gpu=" + ",".join(n.HEALTH_FIELDS), "--format=csv"]),
+    ("query_health_nounits.out", ["--query-gpu=" + ",".join(n.HEALTH_FIELDS), "--format=csv,noheader,nounits"]),
+    ("remapped_rows.out", list(n.QUERY_REMAPPED_ROWS_ARGS)),
+    ("topo_p2p_r.out", ["topo", "-p2p", "r"]),
+    ("topo_p2p_w.out", ["topo", "-p2p", "w"]),
+    ("topo_p2p_n.out", ["topo", "-p2p", "n"]),
+])
+def test_gpusim_prints_the_captured_forms(name, args):
+    rc, out = sim("h200-1gpu", *args)
+    assert rc == 0
+    real = cap(name)
+    # the simulated H200 is another card of the same VM type: other UUID, temperature and power
+    swap = {"GPU-84ea54cb-4767-0e6a-8104-87422151c222": "GPU-ed3c5504-4725-ca05-65a6-3231da0a09ad",
+            ", 33, 80.60": ", 40, 81.63"}
+    for a, b in swap.items():
+        out = out.replace(a, b)
+    assert out == real
+
+
+def test_gpusim_fault_profiles_read_as_faults():
+    _rc, out = sim("fault-h200-remap-pending", *n.QUERY_REMAPPED_ROWS_ARGS)
+    assert n.parse_remapped_rows(out)[0]["pending"] is True
+    _rc, out = sim("fault-h200-pcie-x8", "--query-gpu=" + ",".join(n.HEALTH_FIELDS), "--format=csv")
+    assert n.parse_health_query(out)[0]["pcie_width_current"] == 8
+    _rc, out = sim("fault-h200-mig-on", "--query-gpu=" + ",".join(n.HEALTH_FIELDS), "--format=csv")
+    assert n.parse_health_query(out)[0]["mig_mode"] == "Enabled"
+    _rc, out = sim("fault-seed-p2p-ns", "topo", "-p2p", "r")
+    matrix = n.parse_topo_p2p(out)
+    assert matrix[0][3] == "OK" and matrix[0][4] == "NS" and matrix[7][4] == "OK"
+    _rc, out = sim("fault-hgx-fm-stopped", "--query-gpu=" + ",".join(n.HEALTH_FIELDS), "--format=csv")
+    assert {g["fabric_state"] for g in n.parse_health_query(out)} == {"In Progress"}
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("[ 4021.337201] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+     ("Xid", 79, "0000:18:00")),
+    ("Dec 03 13:55:23 gpu7 kernel: NVRM: Xid (PCI:0000:B5:00): 48, pid=1234, name=python3, DBE (0x1,0x0)",
+     ("Xid", 48, "0000:b5:00")),
+    ("[  12.5] NVRM: Xid (PCI:00000000:3b:00.0): 94, Contained: SM (0x1)", ("Xid", 94, "0000:3b:00")),
+    ("[ 99.1] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error",
+     ("SXid", 12028, "nvswitch2")),
+])
+def test_xid_lines_in_the_kernel_log_formats(line, expected):
+    (event,) = n.parse_xid_lines("noise\n" + line + "\nNVRM: loading module\n")
+    assert (event["kind"], event["xid"], event["pci"]) == expected
+    assert n.xid_pci_of_bus_id("00000000:B5:00.0") == "0000:b5:00"
+
+
+def test_fabricmanager_version_and_version_order():
+    assert n.parse_fabricmanager_version("Fabric Manager version is : 580.159.04\n") == "580.159.04"
+    assert n.parse_fabricmanager_version("nv-fabricmanager: command not found") is None
+    assert n.version_tuple("580.65.06") < n.version_tuple("580.159.04")
+    assert n.version_tuple(n.CUDA_MIN_DRIVER["12.9"]) == (575, 51, 3)
+    with pytest.raises(n.NvidiaSmiParseError):
+        n.version_tuple("580.x")
+
+
+@pytest.mark.parametrize("text", [
+    "", " \tGPU0\t\n GPU0\tOK\t\n", " \tGPU0\tGPU1\t\n GPU0\tX\tOK\t\n", " \tGPU0\tGPU1\t\n GPU0\tX\tMAYBE\t\n GPU1\tOK\tX\t\n",
+    " \tNIC0\t\n NIC0\tX\t\n",
+])
+def test_bad_p2p_matrices_raise(text):
+    with pytest.raises(n.NvidiaSmiParseError):
+        n.parse_topo_p2p(text)
+
+
+# ------------------------------------------------------------------ properties
+
+STATUS = st.sampled_from(["OK", "NS", "CNS", "GNS", "TNS", "U"])
+
+
+def render_p2p(size, cells):
+    head = " \t\x1b[4m" + "".join("GPU%d\t" % i for i in range(size)) + "\x1b[0m\n"
+    rows = "".join(" GPU%d\t" % i + "".join(("X" if i == j else cells[(min(i, j), max(i, j))]) + "\t"
+                                            for j in range(size)) + "\n" for i in range(size))
+    return head + rows + "\nLegend:\n\n  X    = Self\n  OK   = Status Ok\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=8).flatmap(
+    lambda size: st.tuples(st.just(size), st.fixed_dictionaries(
+        dict(((i, j), STATUS) for i in range(size) for j in range(i + 1, size))))))
+def test_p2p_matrix_round_trips(args):
+    size, cells = args
+    matrix = n.parse_topo_p2p(render_p2p(size, cells))
+    assert sorted(matrix) == list(range(size))
+    for (i, j), value in cells.items():
+        assert matrix[i][j] == value and matrix[j][i] == value
+
+
+HEX = "0123456789abcdef"
+
+
+@settings(max_examples=80, deadline=None)
+@given(domain=st.integers(0, 0xFFFF), bus=st.integers(0, 255), dev=st.integers(0, 31),
+       xid=st.integers(1, 200), upper=st.booleans(), long_domain=st.booleans(),
+       prefix=st.sampled_from(["", "[ 1234.567890] ", "Dec 03 13:55:23 host kernel: "]),
+       detail=st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60))
+def test_xid_line_round_trips(domain, bus, dev, xid, upper, long_domain, prefix, detail):
+    pci = ("%08x" if long_domain else "%04x") % domain + ":%02x:%02x" % (bus, dev)
+    if upper:
+        pci = pci.upper()
+    line = "%sNVRM: Xid (PCI:%s): %d, %s" % (prefix, pci, xid, detail)
+    (event,) = n.parse_xid_lines(line)
+    assert event["xid"] == xid and event["pci"] == "%04x:%02x:%02x" % (domain, bus, dev)
+    assert event["detail"] == detail.strip()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 99), st.integers(0, 99), st.booleans(), st.booleans(),
+                          st.booleans()), min_size=1, max_size=8), st.booleans())
+def test_remapped_rows_round_trip(rows, header):
+    lines = ["gpu_uuid, gpu_bus_id, remapped_rows.correctable, remapped_rows.uncorrectable, "
+             "remapped_rows.pending, remapped_rows.failure"] if header else []
+    expected = []
+    for k, (corr, unc, pending, failure, na) in enumerate(rows):
+        uuid = "GPU-%08x-0000-0000-0000-%012x" % (k, k)
+        bus = "00000000:%02X:00.0" % (k + 1)
+        if na:
+            lines.append("%s, %s, [N/A], [N/A], [N/A], [N/A]" % (uuid, bus))
+            expected.append({"gpu_uuid": uuid, "gpu_bus_id": bus, "correctable": None,
+                             "uncorrectable": None, "pending": None, "failure": None})
+        else:
+            flags = ("Yes" if pending else "No", "Yes" if failure else "No")
+            lines.append("%s, %s, %d, %d, %s, %s" % ((uuid, bus, corr, unc) + flags))
+            expected.append({"gpu_uuid": uuid, "gpu_bus_id": bus, "correctable": corr,
+                             "uncorrectable": unc, "pending": pending, "failure": failure})
+    assert n.parse_remapped_rows("\n".join(lines) + "\n") == expected
+
+
+def na(value):
+    return None if value == "[N/A]" else value
+
+
+MODE = st.sampled_from(["Enabled", "Disabled", "[N/A]"])
+ACTIVE = st.sampled_from(["Active", "Not Active", "[N/A]"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(pm=MODE, mig=MODE, ecc=MODE, unc=st.integers(0, 10**6), gen=st.integers(1, 6),
+       width=st.sampled_from([1, 2, 4, 8, 16, 32]), mask=st.integers(0, 0x1FF), slow=ACTIVE,
+       watts=st.integers(0, 100000), units=st.booleans(), header=st.booleans(),
+       remap=st.sampled_from(["Yes", "No", "[N/A]"]))
+def test_health_query_round_trips(pm, mig, ecc, unc, gen, width, mask, slow, watts, units, header, remap):
+    w = "%.2f" % (watts / 100.0)
+    row = ["3", "GPU-ed3c5504-4725-ca05-65a6-3231da0a09ad", "00000000:19:00.0", "580.159.04", pm, "Default",
+           mig, mig, ecc, str(unc), "0", remap, str(gen), str(gen), str(width), "16", "0x%016x" % mask,
+           slow, slow, slow, slow, "40", w + (" W" if units else ""), "700.00" + (" W" if units else ""),
+           "N/A", "N/A"]
+    head = [f + (" [W]" if f in ("power.draw", "power.limit") and units else "") for f in n.HEALTH_FIELDS]
+    text = (", ".join(head) + "\n" if header else "") + ", ".join(row) + "\n"
+    (gpu,) = n.parse_health_query(text)
+    assert gpu["index"] == 3 and gpu["persistence_mode"] == na(pm) and gpu["mig_mode"] == na(mig)
+    assert gpu["ecc_mode"] == na(ecc) and gpu["ecc_uncorrected_volatile"] == unc
+    assert gpu["retired_pages_pending"] == {"Yes": True, "No": False, "[N/A]": None}[remap]
+    assert (gpu["pcie_gen_current"], gpu["pcie_width_current"]) == (gen, width)
+    assert gpu["clocks_event_reasons"] == mask
+    assert gpu["hw_slowdown"] == {"Active": True, "Not Active": False, "[N/A]": None}[slow]
+    assert gpu["power_draw_w"] == float(w)
+    names = n.clock_event_names(mask)
+    assert ("gpu_idle" in names) == bool(mask & 1)
