@@ -4,6 +4,9 @@
 #   1. tests/gpu/device_check.sh  (issue 3: gpu_facts / gpu_footprint against the real nvidia-smi)
 #   2. host layout captures       (issue 7: numactl -H, lscpu, sysfs numa_node/local_cpulist, topo -m, -q -x)
 #   3. tests/gpu/plan_on_device.yml (gpu_plan on the real facts, a process pinned as the unit pins it)
+#   4. tests/gpu/plan_contract_on_device.yml (issue 17: the vllm_preflight role's plan and its
+#      footprint arguments on the real GPU)
+# ONLY=4 runs step 4 alone.
 # Usage with the device tool, from the repo root (make the wheels first: tests/gpu/make_wheelhouse.sh):
 #   run(command="bash tests/gpu/device_run.sh", carry=[".cache/device-wheels"])
 set -uo pipefail
@@ -15,6 +18,7 @@ python3 -m venv "$WORK/venv" && "$WORK/venv/bin/pip" install -q --no-index --fin
 mkdir -p "$WORK/collections/ansible_collections/inferops" && ln -s "$ROOT" "$WORK/collections/ansible_collections/inferops/vllm"
 export ANSIBLE_COLLECTIONS_PATH=$WORK/collections ANSIBLE_NOCOLOR=1 ANSIBLE_LOCALHOST_WARNING=0
 rc=0
+if [ "${ONLY:-}" != 4 ]; then
 echo "######## 1. device_check"
 SECONDS=0
 OUT=$OUT/check ANSIBLE_BIN=$WORK/venv/bin/ansible bash "$ROOT/tests/gpu/device_check.sh" || rc=1
@@ -43,4 +47,12 @@ SECONDS=0
   -e "python=$(command -v python3) holder=$ROOT/tests/gpu/hold_gpu_memory.py" > "$OUT/plan_on_device.log" 2>&1 || rc=1
 echo "plan_on_device took ${SECONDS} s, rc so far $rc"
 tail -60 "$OUT/plan_on_device.log"
+fi
+
+echo "######## 4. the plan contract on the real GPU"
+SECONDS=0
+"$WORK/venv/bin/ansible-playbook" "$ROOT/tests/gpu/plan_contract_on_device.yml" \
+  -e "python=$(command -v python3) holder=$ROOT/tests/gpu/hold_gpu_memory.py" > "$OUT/plan_contract_on_device.log" 2>&1 || rc=1
+echo "plan_contract_on_device took ${SECONDS} s, rc so far $rc"
+tail -80 "$OUT/plan_contract_on_device.log"
 exit $rc
