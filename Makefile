@@ -127,6 +127,9 @@ install-artifact: build
 check-artifact: install-artifact
 	@echo "== the installed copy: ansible-doc, playbook syntax, files the roles read"
 	@tools/release/check-artifact.sh $(INSTALLED) inventories/demo
+	@echo "== pytest tests/unit/plugins on the installed copy"
+	@INFEROPS_TEST_COLLECTIONS=$(INSTALLED) ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/plugins | tail -n 1
 
 # galaxy-importer, as Galaxy and Automation Hub run it on upload (ansible-lint on): no error, no warning
 importer: build $(TOOLS)/importer/.stamp
