@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 # Apache License 2.0 (see LICENSE)
 """Generate each role's README.md from its meta/argument_specs.yml (and meta/main.yml).
 
-    tools/role_readme.py            rewrite roles/*/README.md
-    tools/role_readme.py --check    exit 1 (with a diff) when a README differs from what the specs give
-    tools/role_readme.py ROLE ...   only these roles
+    python tools/role_readme.py            rewrite roles/*/README.md
+    python tools/role_readme.py --check    exit 1 (with a diff) when a README differs from what the specs give
+    python tools/role_readme.py ROLE ...   only these roles
 
 A README is: the title and the role's description (meta/main.yml), the hand-written part between
 the markers below (kept as it is; a README without them gets a stub to fill in), then the entry
