@@ -205,7 +205,7 @@ def default_mismatches(role_dir: Path) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--check", action="store_true", help="fail when a README or a default is out of date")
     ap.add_argument("--strict-defaults", action="store_true", help="with --check: a spec default that disagrees "
                     "with defaults/main.yml is an error, not a warning")
