@@ -129,7 +129,7 @@ check-artifact: install-artifact
 	@tools/release/check-artifact.sh $(INSTALLED) inventories/demo
 	@echo "== pytest tests/unit/plugins on the installed copy"
 	@INFEROPS_TEST_COLLECTIONS=$(INSTALLED) ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/plugins | tail -n 1
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/plugins
 
 # galaxy-importer, as Galaxy and Automation Hub run it on upload (ansible-lint on): no error, no warning
 importer: build $(TOOLS)/importer/.stamp
