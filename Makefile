@@ -115,15 +115,21 @@ molecule: venv collections image install-artifact
 	  start=$$(date +%s); $(BIN)/molecule test -s $$s; \
 	  echo "   molecule $$s: $$(( $$(date +%s) - start )) s"; done
 
-build: venv
+# The tarball is rebuilt when a file it may contain changed (what git would ship: tracked and
+# untracked, not ignored), so the stages below share one build and one install.
+COLLECTION_FILES := $(wildcard $(shell git ls-files -co --exclude-standard 2>/dev/null | grep -v ' ' || find . -path ./.cache -prune -o -path ./.venv -prune -o -type f -print))
+build: $(TARBALL)
+$(TARBALL): $(COLLECTION_FILES) | $(VENV)/.stamp
 	@rm -f .cache/dist/*.tar.gz
 	@$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist
 
-# Install the tarball the way a user does, into an empty collections path, and check that copy
-install-artifact: build
+# Install the tarball the way a user does, into an empty collections path (.cache/installed)
+install-artifact: $(INSTALLED)/.stamp
+$(INSTALLED)/.stamp: $(TARBALL)
 	@echo "== ansible-galaxy collection install $(notdir $(TARBALL)) -p .cache/installed"
 	@rm -rf $(INSTALLED) && ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) $(BIN)/ansible-galaxy collection install \
 	  --offline -p $(INSTALLED) $(TARBALL) | tail -n 1
+	@touch $@
 check-artifact: install-artifact
 	@echo "== the installed copy: ansible-doc, playbook syntax, files the roles read"
 	@tools/release/check-artifact.sh $(INSTALLED) inventories/demo
@@ -132,7 +138,7 @@ check-artifact: install-artifact
 	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/plugins
 
 # galaxy-importer, as Galaxy and Automation Hub run it on upload (ansible-lint on): no error, no warning
-importer: build $(TOOLS)/importer/.stamp
+importer: $(TARBALL) $(TOOLS)/importer/.stamp
 	@echo "== galaxy-importer $(notdir $(TARBALL))"
 	@rm -rf .cache/importer-out && mkdir -p .cache/importer-out
 	@cd .cache/importer-out && PATH=$(TOOLS)/importer/bin:$$PATH ANSIBLE_COLLECTIONS_PATH= \
