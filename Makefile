@@ -1,6 +1,10 @@
 # inferops.vllm — one entry point for the demo, the tests and the toolchain.
 #   make demo   run site.yml against a simulated GPU node in a local container
-#   make test   yamllint, ansible-lint, ansible-test sanity, unit tests, every Molecule scenario
+#   make test   yamllint, ansible-lint, ansible-test sanity, unit tests (also on the oldest ansible-core),
+#               the built tarball (galaxy-importer, installed and checked, docs lint, EE context), Molecule
+#   make docs   HTML docs site (antsibull-docs) in .cache/docsite/build/html
+#   make role-readmes   regenerate roles/*/README.md from meta/argument_specs.yml
+#   make release        after merging: antsibull-changelog release (CHANGELOG.md) for galaxy.yml's version
 # Everything it needs is installed by the targets below; state lives in .venv/ and .cache/.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -8,6 +12,11 @@ ROOT := $(CURDIR)
 VENV := $(ROOT)/.venv
 BIN := $(VENV)/bin
 PYTHON ?= $(shell $(ROOT)/tools/find-python.sh)
+VERSION := $(shell sed -n 's/^version: *//p' galaxy.yml)
+TARBALL := $(ROOT)/.cache/dist/inferops-vllm-$(VERSION).tar.gz
+# the collection as installed from the built tarball: Molecule and the demo run this copy
+INSTALLED := $(ROOT)/.cache/installed
+TOOLS := $(ROOT)/.cache/tools
 SCENARIOS ?= $(notdir $(patsubst %/molecule.yml,%,$(wildcard extensions/molecule/*/molecule.yml)))
 
 # Podman is pointed at the project's own config and storage; nothing under /etc/containers changes.
@@ -19,9 +28,10 @@ export ANSIBLE_NOCOLOR := $(if $(CI),1,)
 export PATH := $(BIN):$(PATH)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv sysdeps podman collections image lint sanity units molecule test demo clean distclean build
+.PHONY: help venv sysdeps podman collections image lint sanity units molecule test demo clean distclean build \
+  role-readmes units-oldest install-artifact check-artifact importer docs-lint docs ee-context release
 help:
-	@sed -n '1,4p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,9p' Makefile | sed 's/^# \{0,1\}//'
 
 # ---------------------------------------------------------------- toolchain
 $(VENV)/.stamp: requirements/dev.in requirements/constraints.txt tools/find-python.sh
@@ -52,6 +62,15 @@ collections: .cache/collections/ansible_collections/containers/podman/MANIFEST.j
 	@cd .cache/collections && $(BIN)/python -c "import zipfile,glob,sys; z=zipfile.ZipFile(glob.glob('../dl/ansible-$(ANSIBLE_WHEEL_VERSION)-*.whl')[0]); z.extractall('.', [n for n in z.namelist() if n.startswith('ansible_collections/containers/podman/')])"
 	@touch $@
 
+# Tools with their own venv, each from a full pip freeze in requirements/<name>.txt: importer
+# (galaxy-importer, ansible-builder), docs (antsibull-docs, Sphinx), core-oldest (the oldest
+# ansible-core meta/runtime.yml allows, with pytest and hypothesis for the unit tests).
+$(TOOLS)/%/.stamp: requirements/%.txt tools/find-python.sh
+	@echo "== tool venv $*: $(PYTHON) ($$($(PYTHON) --version))"
+	@rm -rf $(TOOLS)/$* && $(PYTHON) -m venv $(TOOLS)/$*
+	@$(TOOLS)/$*/bin/pip install -q -r $<
+	@touch $@
+
 SYSDEPS := podman runc debootstrap shellcheck
 sysdeps:
 	@missing=""; for p in $(SYSDEPS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
@@ -72,6 +91,10 @@ lint: venv collections
 	@echo "== yamllint"; $(BIN)/yamllint --strict .
 	@echo "== ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production --offline
 	@echo "== changelog fragments"; $(BIN)/antsibull-changelog lint
+	@echo "== role READMEs match meta/argument_specs.yml"; $(BIN)/python tools/role_readme.py --check --strict-defaults
+
+role-readmes: venv
+	@$(BIN)/python tools/role_readme.py
 
 sanity: venv sysdeps
 	@echo "== ansible-test sanity"; tools/sanity/run.sh
@@ -79,14 +102,94 @@ sanity: venv sysdeps
 units: venv
 	@echo "== pytest (unit + integration)"; $(BIN)/python -m pytest -q tests/unit tests/integration
 
-molecule: venv collections image
+# The unit tests on the oldest ansible-core that meta/runtime.yml allows (README: supported versions)
+units-oldest: $(TOOLS)/core-oldest/.stamp venv
+	@echo "== pytest tests/unit on ansible-core $$($(TOOLS)/core-oldest/bin/python -c 'from ansible.release import __version__ as v; print(v)')"
+	@$(TOOLS)/core-oldest/bin/python -m pytest -q -p no:cacheprovider tests/unit
+
+# Molecule and the demo run the collection installed from the built tarball, not the checkout
+molecule demo: export ANSIBLE_COLLECTIONS_PATH := $(INSTALLED):$(ROOT)/.cache/collections
+molecule: venv collections image install-artifact
 	@mkdir -p .cache/uv .cache/pip-wheelhouse .cache/pip-weights
 	@for s in $(SCENARIOS); do echo "== molecule test -s $$s"; \
 	  start=$$(date +%s); $(BIN)/molecule test -s $$s; \
 	  echo "   molecule $$s: $$(( $$(date +%s) - start )) s"; done
 
-build: venv
+# The tarball is rebuilt when a file it may contain changed (what git would ship: tracked and
+# untracked, not ignored), so the stages below share one build and one install.
+COLLECTION_FILES := $(wildcard $(shell git ls-files -co --exclude-standard 2>/dev/null | grep -v ' ' || find . -path ./.cache -prune -o -path ./.venv -prune -o -type f -print))
+build: $(TARBALL)
+$(TARBALL): $(COLLECTION_FILES) | $(VENV)/.stamp
+	@rm -f .cache/dist/*.tar.gz
 	@$(BIN)/ansible-galaxy collection build --force --output-path .cache/dist
+
+# Install the tarball the way a user does, into an empty collections path (.cache/installed)
+install-artifact: $(INSTALLED)/.stamp
+$(INSTALLED)/.stamp: $(TARBALL)
+	@echo "== ansible-galaxy collection install $(notdir $(TARBALL)) -p .cache/installed"
+	@rm -rf $(INSTALLED) && ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) $(BIN)/ansible-galaxy collection install \
+	  --offline -p $(INSTALLED) $(TARBALL) | tail -n 1
+	@touch $@
+check-artifact: install-artifact
+	@echo "== the installed copy: ansible-doc, playbook syntax, files the roles read"
+	@tools/release/check-artifact.sh $(INSTALLED) inventories/demo
+	@echo "== pytest tests/unit/plugins on the installed copy"
+	@INFEROPS_TEST_COLLECTIONS=$(INSTALLED) ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit/plugins
+
+# galaxy-importer, as Galaxy and Automation Hub run it on upload (ansible-lint on): no error, no warning
+importer: $(TARBALL) $(TOOLS)/importer/.stamp
+	@echo "== galaxy-importer $(notdir $(TARBALL))"
+	@rm -rf .cache/importer-out && mkdir -p .cache/importer-out
+	@cd .cache/importer-out && PATH=$(TOOLS)/importer/bin:$$PATH ANSIBLE_COLLECTIONS_PATH= \
+	  GALAXY_IMPORTER_CONFIG=$(ROOT)/tools/release/galaxy-importer.cfg \
+	  $(TOOLS)/importer/bin/python -m galaxy_importer.main $(TARBALL) 2>&1 | grep -v '^Loading ' | tee log.txt
+	@! grep -E '^(WARNING|ERROR)' .cache/importer-out/log.txt
+	@grep -q '^Importer processing completed successfully' .cache/importer-out/log.txt
+
+# antsibull-docs' collection docs lint (plugin docs, role argument specs, references) on the tarball's
+# files, extracted outside this git work tree (inside it, antsibull-docs copies only files git tracks,
+# so it would see no plugin at all under the ignored .cache/)
+docs-lint: $(TARBALL) $(TOOLS)/docs/.stamp
+	@echo "== antsibull-docs lint-collection-docs --plugin-docs"
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && coll=$$tmp/ansible_collections/inferops/vllm && mkdir -p $$coll && \
+	  tar -xzf $(TARBALL) -C $$coll && cd $$coll && PATH=$(TOOLS)/docs/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$$tmp \
+	  antsibull-docs lint-collection-docs --plugin-docs --validate-collection-refs all --disallow-unknown-collection-refs .
+	@echo "   no problems"
+
+# Static HTML docs site of the installed copy. antsibull-docs fails on any error; Sphinx fails on any
+# warning except those of being offline (intersphinx inventories of docs.python.org and
+# docs.ansible.com unreachable, so links to ansible.builtin and Ansible's own pages stay unresolved).
+DOCS_OFFLINE_WARNINGS := failed to reach any of the inventories|undefined label: .(ansible_collections\.ansible\.builtin\.|common_return_values|ansible_configuration_settings)
+docs: install-artifact $(TOOLS)/docs/.stamp
+	@rm -rf .cache/docsite && mkdir -p .cache/docsite
+	@PATH=$(TOOLS)/docs/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) antsibull-docs sphinx-init --use-current \
+	  --fail-on-error --dest-dir .cache/docsite inferops.vllm >/dev/null
+	@sed -i 's/ -W --keep-going$$//' .cache/docsite/build.sh
+	@PATH=$(TOOLS)/docs/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$(INSTALLED) .cache/docsite/build.sh > .cache/docsite/build.log 2>&1 \
+	  || { tail -n 30 .cache/docsite/build.log; exit 1; }
+	@if grep 'WARNING' .cache/docsite/build.log | grep -vE "$(DOCS_OFFLINE_WARNINGS)"; then \
+	  echo "docs: Sphinx warnings above (.cache/docsite/build.log)"; exit 1; fi
+	@grep -E '^build (succeeded|finished)' .cache/docsite/build.log
+	@echo "   docs site: .cache/docsite/build/html/index.html"
+
+# Build context of an execution environment with the collection from the tarball (ansible-builder
+# create writes the context only; no image is built): the collection's meta/execution-environment.yml
+# is read by ansible-builder introspect, the same step the image build runs
+ee-context: install-artifact $(TOOLS)/importer/.stamp
+	@echo "== ansible-builder introspect + create"
+	@$(TOOLS)/importer/bin/ansible-builder introspect --sanitize $(INSTALLED)
+	@rm -rf .cache/ee && mkdir -p .cache/ee && cp tools/release/execution-environment.yml tools/release/ee-requirements.yml .cache/ee/
+	@cp $(TARBALL) .cache/ee/inferops-vllm.tar.gz
+	@cd .cache/ee && $(TOOLS)/importer/bin/ansible-builder create --file execution-environment.yml --context context >/dev/null
+	@test -s .cache/ee/context/Containerfile && ls .cache/ee/context/_build
+	@echo "   EE build context: .cache/ee/context"
+
+# After merging (consumes changelogs/fragments/): the release notes for galaxy.yml's version
+release: venv
+	@$(BIN)/antsibull-changelog release --version $(VERSION)
+	@$(BIN)/antsibull-changelog lint
+	@echo "release $(VERSION): commit changelogs/ and CHANGELOG.md, then make build"
 
 # make test: every stage, timed; stops at the first failing stage with its exit code
 test:
@@ -95,14 +198,18 @@ test:
 	  lint "$(MAKE) -s lint" \
 	  sanity "$(MAKE) -s sanity" \
 	  units "$(MAKE) -s units" \
-	  build "$(MAKE) -s build" \
+	  units-old "$(MAKE) -s units-oldest" \
+	  artifact "$(MAKE) -s check-artifact" \
+	  importer "$(MAKE) -s importer" \
+	  docs-lint "$(MAKE) -s docs-lint" \
+	  ee "$(MAKE) -s ee-context" \
 	  molecule "$(MAKE) -s molecule"
 
-demo: venv collections image
+demo: venv collections image install-artifact
 	@tools/demo.sh
 
 clean:
 	@-podman ps -aq --filter label=inferops.testhost | xargs -r podman rm -f >/dev/null
-	rm -rf .cache/sanity .cache/dist .pytest_cache .hypothesis reports
+	rm -rf .cache/sanity .cache/dist .cache/installed .cache/importer-out .cache/docsite .cache/ee .pytest_cache .hypothesis reports
 distclean: clean
 	rm -rf .venv .cache .build

@@ -53,7 +53,7 @@ ansible-playbook -i "$inv" tools/demo-hub.yml -e "demo_dir=$demo" | tail -n 3
 
 step "3/5 site.yml (validate -> preflight/plan -> install -> fetch -> serve -> verify)"
 start=$(date +%s)
-ansible-playbook -i "$inv" playbooks/site.yml -e "demo_model_sha=$sha" | tee "$demo/site.log" \
+ansible-playbook -i "$inv" inferops.vllm.site -e "demo_model_sha=$sha" | tee "$demo/site.log" \
   | grep -v '^\s*$' | sed -n '/PLAY RECAP/,$p;/Show the plan/,/^TASK/p;/Fleet report/p' | grep -v '^TASK' || true
 if ! grep -q 'failed=0' "$demo/site.log" || grep -q 'unreachable=[1-9]' "$demo/site.log"; then
   echo "site.yml failed: see $demo/site.log"; exit 1

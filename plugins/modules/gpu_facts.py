@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: gpu_facts
 short_description: Gather NVIDIA GPU, topology, driver and GPU process facts with nvidia-smi
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Runs C(nvidia-smi) (with C(LC_ALL=C)) and returns the host's GPUs in PCI order, the link type
     between every pair of GPUs, the driver and CUDA versions, and the processes that hold GPU memory

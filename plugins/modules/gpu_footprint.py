@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: gpu_footprint
 short_description: Fail when GPU memory use differs from what the placement expects
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Reads the memory in use on every GPU and the processes holding it (C(nvidia-smi
     --query-gpu) and C(--query-compute-apps), 2 calls per reading, with C(LC_ALL=C)), compares

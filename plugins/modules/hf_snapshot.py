@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 ---
 module: hf_snapshot
 short_description: Download a pinned Hugging Face model snapshot, verified, resumable and disk-checked
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Downloads the files of one model repository at one commit into O(dest) with C(huggingface_hub),
     on the target host. Run it with an interpreter that has C(huggingface_hub) (for example a tools

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: host_files
 short_description: Ensure many directories and small files on a host in one module call
-version_added: 0.2.0
+version_added: 1.0.0
 description:
   - Ensures each directory of O(directories) exists with its owner, group and mode, then each file
     of O(files) has exactly its content, owner, group and mode, all in one module call (one round

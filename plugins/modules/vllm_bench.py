@@ -7,7 +7,7 @@ DOCUMENTATION = r"""
 ---
 module: vllm_bench
 short_description: Short smoke benchmark of an OpenAI-compatible vLLM server
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Sends completion requests to a running vLLM server (its OpenAI-compatible C(/v1/completions) API)
     and measures single-stream decode speed and aggregate throughput at a given concurrency.

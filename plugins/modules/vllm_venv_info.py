@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 ---
 module: vllm_venv_info
 short_description: Read the versioned vLLM venvs under a prefix, the current link and what to prune
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Reads the layout that the C(inferops.vllm.vllm_install) role keeps under O(prefix) - one venv per
     version, variant and extras set (C(<version>-<variant>[-<hash>])), each with a marker file
