@@ -34,6 +34,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
     NUMA_POLICY_MIN_SYSTEMD,
     ServiceSpecError,
+    int_list,
     service_specs,
 )
 
@@ -214,23 +215,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None):
                   "unit_prefix": opts["unit_prefix"]},
         "host_facts": {"systemd_version": facts.get("systemd_version"),
                        "kernel_numa_nodes": facts.get("kernel_numa_nodes"),
-                       "online_cpus": compress_ints(_cpu_ids(facts.get("online_cpus"))),
+                       "online_cpus": compress_ints(int_list(facts.get("online_cpus")) or []),
                        "gpu_count": len(gpus)},
         "warnings": specs["warnings"],
     }
 
-
-def _cpu_ids(text):
-    if not text:
-        return []
-    if isinstance(text, (list, tuple)):
-        return [int(c) for c in text]
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            out.extend(range(int(lo), int(hi) + 1))
-        elif part.isdigit():
-            out.append(int(part))
-    return out

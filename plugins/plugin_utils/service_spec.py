@@ -240,7 +240,8 @@ def check_extra_args(groups, where: str) -> list[str]:
 
 # --------------------------------------------------------------------------- helpers
 
-def _int_list(value):
+def int_list(value):
+    """CPU/node ids from a list or a sysfs-style string ("0-3,8"); None when it is neither."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -454,7 +455,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
     args.extend(groups)
 
     # ---- binding
-    cpus = _int_list(entry.get("cpus")) or []
+    cpus = int_list(entry.get("cpus")) or []
     online = opts["online_cpus"]
     if cpus and online is not None:
         missing = [c for c in cpus if c not in online]
@@ -609,8 +610,8 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
             sd_version = int(m.group(1))
         else:
             problems.append(f"systemd_version {systemd_version!r} is not a version number")
-    kernel_nodes = _int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None
-    online = _int_list(online_cpus) if online_cpus not in (None, "") else None
+    kernel_nodes = int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None
+    online = int_list(online_cpus) if online_cpus not in (None, "") else None
     nccl = env_problems(nccl_env, "vllm_service_nccl_env", problems)
     extra_env = env_problems(environment, "vllm_service_environment", problems)
     if problems:
