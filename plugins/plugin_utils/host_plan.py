@@ -219,4 +219,3 @@ def build_plan(models, instances, facts=None, inputs=None, host=None):
                        "gpu_count": len(gpus)},
         "warnings": specs["warnings"],
     }
-
