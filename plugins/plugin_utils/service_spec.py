@@ -29,6 +29,7 @@ import json
 import re
 import shlex
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils import multinode
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import compress_ints, is_int as _is_int
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
 
@@ -67,6 +68,7 @@ MANAGED_FLAGS = {
     "trust-remote-code": "trust_remote_code: true in the model entry of vllm_models",
     "disable-custom-all-reduce": "vllm_service_disable_custom_all_reduce",
 }
+MANAGED_FLAGS.update(multinode.MULTINODE_FLAGS)
 
 #: Flags that must never appear, canonical name -> why.
 FORBIDDEN_FLAGS = {
@@ -89,7 +91,7 @@ MANAGED_ENV = {
     "CUDA_VISIBLE_DEVICES": "gpus of the instance (the plan)",
     "VLLM_PORT": "vllm_port of the instance or vllm_service_vllm_port_base",
     "VLLM_CACHE_ROOT": "vllm_service_cache_dir",
-    "VLLM_HOST_IP": "vllm_service_host",
+    "VLLM_HOST_IP": "vllm_service_host (multi-node instances: vllm_service_network_interface)",
 }
 SECRET_ENV = {
     "VLLM_API_KEY": "vllm_service_api_key",
@@ -452,6 +454,13 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         args.append(["--trust-remote-code"])
     if opts["disable_custom_all_reduce"]:
         args.append(["--disable-custom-all-reduce"])
+
+    mn = entry.get("multinode")
+    if mn:
+        # vLLM's multi-node launcher: the same command on every rank; ranks > 0 serve no API
+        if mn["headless"]:
+            args = [g for g in args if g[0] not in ("--host", "--port")]
+        args.extend(multinode.flags(mn))
     args.extend(groups)
 
     # ---- binding
@@ -517,9 +526,18 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
             env = [(k, val if k == key else v) for k, v in env]
         else:
             env.append((key, val))
+    if mn:
+        for key, val in multinode.environment(mn):
+            if key in extra_env and extra_env[key] != val:
+                problems.append(f"{where}: {key} is set to {extra_env[key]!r} in the environment, but this "
+                                f"multi-node instance must use {val!r} (from vllm_service_network_interface); "
+                                f"remove {key} from vllm_service_nccl_env / vllm_service_environment / env")
+                return None
+            env = [(k, v) for k, v in env if k != key] + [(key, val)]
 
     python = opts["python"] or f"{opts['venv'].rstrip('/')}/bin/python"
-    argv = prefix + [python, "-m", API_SERVER_MODULE] + [tok for g in args for tok in g]
+    entrypoint = _entrypoint(mn)
+    argv = prefix + [python] + entrypoint + [tok for g in args for tok in g]
     return {
         "name": name,
         "unit": expected_unit,
@@ -549,7 +567,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         "exec_prefix": prefix,
         "args": args,
         "argv": argv,
-        "exec_start": _exec_lines(prefix, python, args),
+        "exec_start": _exec_lines(prefix, python, args, entrypoint),
         "environment": env,
         "expected": entry.get("expected") or [],
     }
@@ -564,9 +582,16 @@ def _connect_host(host: str) -> str:
     return host
 
 
-def _exec_lines(prefix, python, args) -> list[str]:
+def _entrypoint(mn=None) -> list[str]:
+    """What follows the interpreter: the API server module, or the CLI's ``serve`` for a headless rank."""
+    if mn and mn.get("headless"):
+        return ["-m", multinode.CLI_MODULE, "serve"]
+    return ["-m", API_SERVER_MODULE]
+
+
+def _exec_lines(prefix, python, args, entrypoint=None) -> list[str]:
     """The ``ExecStart=`` command as lines: the program first, then one flag with its values per line."""
-    head = " ".join(systemd_quote(t) for t in prefix + [python, "-m", API_SERVER_MODULE])
+    head = " ".join(systemd_quote(t) for t in prefix + [python] + (entrypoint or _entrypoint()))
     return [head] + [" ".join(systemd_quote(t) for t in group) for group in args]
 
 
@@ -693,7 +718,7 @@ def unit_view(instance, python=None) -> dict:
     argv[len(prefix)] = python
     view["python"] = python
     view["argv"] = argv
-    view["exec_start"] = _exec_lines(prefix, python, instance["args"])
+    view["exec_start"] = _exec_lines(prefix, python, instance["args"], _entrypoint(instance.get("multinode")))
     view["environment_lines"] = [systemd_env_assignment(k, v) for k, v in instance["environment"]]
     view["cpu_affinity"] = instance.get("cpus_str") or compress_ints(instance.get("cpus") or [])
     view["has_gpus"] = bool(instance.get("gpus"))
