@@ -14,10 +14,10 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (
 )
 
 
-def vllm_plan(models, instances, facts=None, inputs=None, host=None):
+def vllm_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
     """Normalise the inventory, place the instances, decide their units; see vllm_plan.yml."""
     try:
-        return build_plan(models, instances, facts=facts, inputs=inputs, host=host)
+        return build_plan(models, instances, facts=facts, inputs=inputs, host=host, fleet=fleet)
     except PlanContractError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 

@@ -24,6 +24,11 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASES,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
+    port_problems as multinode_port_problems,
+    resolve as resolve_multinode,
+    restore as restore_multinode,
+)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (
     DEFAULT_RESERVE_MIB,
     DEFAULT_TOLERANCE_MIB,
@@ -50,6 +55,13 @@ PLAN_INPUTS = {
     "vllm_install_models_dir": ("models_dir", "/var/lib/inferops/models",
                                 "Root of the model layout C(<models_dir>/<org>/<name>/current)."),
     "vllm_service_host": ("host", "127.0.0.1", "Address every instance binds to (C(--host))."),
+    "vllm_service_network_interface": ("network_interface", "",
+                                       "Interface the ranks of a multi-node instance talk over (its address becomes "
+                                       "C(VLLM_HOST_IP), its name C(GLOO_SOCKET_IFNAME) and C(NCCL_SOCKET_IFNAME)); "
+                                       "per host, needed on every host a multi-node instance spans."),
+    "vllm_service_fast_interconnect": ("fast_interconnect", False,
+                                       "The hosts share a fast fabric (InfiniBand, RoCE): allows C(nodes_parallel: "
+                                       "tensor), tensor parallelism across hosts."),
     "vllm_service_vllm_port_base": ("vllm_port_base", 20000,
                                     "First C(VLLM_PORT) (vLLM's internal ports); instance N gets base + N x stride."),
     "vllm_service_vllm_port_stride": ("vllm_port_stride", 100, "Ports reserved per instance for C(VLLM_PORT)."),
@@ -123,8 +135,12 @@ def _url(host, port):
     return f"http://{host}:{port}"
 
 
-def build_plan(models, instances, facts=None, inputs=None, host=None):
-    """The plan of one host (see module docstring and docs/plan.md) or PlanContractError."""
+def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
+    """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
+
+    ``fleet``: the fleet view (inventory host -> groups, addresses, interface, gpu_count, models_dir, ...;
+    see ``plugins/plugin_utils/multinode.py``), needed only when an instance spans hosts (``nodes``).
+    """
     facts = facts or {}
     opts = plan_inputs(inputs)
     popts = opts["plan_options"]
@@ -132,8 +148,13 @@ def build_plan(models, instances, facts=None, inputs=None, host=None):
     norm = normalise(models, instances, host=host, models_dir=opts["models_dir"])
     if norm["problems"]:
         raise PlanContractError(norm["problems"], host)
-    records = norm["instances"]
     gpus = facts.get("gpus") or []
+    records, problems = resolve_multinode(norm["instances"], norm["models"], host, fleet, {
+        "network_interface": opts["network_interface"], "fast_interconnect": opts["fast_interconnect"],
+        "models_dir": opts["models_dir"], "default_models_dir": PLAN_INPUTS["vllm_install_models_dir"][1],
+        "gpu": gpu})
+    if problems:
+        raise PlanContractError(problems, host)
     try:
         placed = place(gpus, records, facts.get("gpu_links"), host=host, reserve_mib=popts["reserve_mib"],
                        tolerance_mib=popts["tolerance_mib"], unit_prefix=opts["unit_prefix"],
@@ -141,6 +162,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None):
                        memory_base=popts["memory_base"])
     except PlanError as exc:
         raise PlanContractError([str(exc)], host) from exc
+    placed = [restore_multinode(entry) for entry in placed]
     venv = opts["install_prefix"].rstrip("/") + "/current"
     try:
         specs = service_specs(
@@ -164,6 +186,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None):
     for entry, spec, rec in zip(placed, specs["instances"], records):
         model = norm["models"][rec["model"]]
         share_with = sorted({u for i in entry["gpus"] for u in shared.get(i, []) if u != entry["unit"]})
+        mn = entry.get("multinode")
         out.append({
             "name": spec["name"],
             "unit": spec["unit"],
@@ -197,6 +220,14 @@ def build_plan(models, instances, facts=None, inputs=None, host=None):
             "trust_remote_code": spec["trust_remote_code"],
             "expected": entry["expected"],
         })
+        if mn:
+            out[-1]["multinode"] = {k: v for k, v in mn.items()
+                                    if k not in ("tensor_parallel_size", "pipeline_parallel_size")}
+            if mn["headless"]:
+                out[-1]["url"] = None  # a headless rank serves no API; rank 0's url is the instance's
+    problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
+    if problems:
+        raise PlanContractError(problems, host)
     footprint = {
         "expected": [e for inst in out for e in inst["expected"]],
         "idle_gpus": opts["idle_gpus"],

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import DEFAULT_MASTER_PORT, key_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
     INSTANCE_OVERRIDES,
     check_extra_args,
@@ -91,6 +92,15 @@ INSTANCE_KEYS = {
     "weights_bytes": ("int", None, "Overrides the model's C(weights_bytes) for the memory fit check."),
     "num_attention_heads": ("int", None, "Overrides the model's C(num_attention_heads)."),
     "num_key_value_heads": ("int", None, "Overrides the model's C(num_key_value_heads)."),
+    "nodes": ("raw", None, "Hosts this instance spans (vLLM's multi-node launcher): a list of inventory host names, "
+                           "rank 0 (the API) first, or C({group: <name>, count: N}) (the group's first N hosts); "
+                           "leave it out for a single-host instance. See C(docs/multinode.md)."),
+    "nodes_parallel": ("str", "pipeline", "With C(nodes): C(pipeline) (C(pipeline_parallel_size) spans the hosts, "
+                                          "C(tensor_parallel_size) GPUs per stage on one host) or C(tensor) "
+                                          "(C(tensor_parallel_size) spans the hosts; needs "
+                                          "C(vllm_service_fast_interconnect))."),
+    "master_port": ("int", DEFAULT_MASTER_PORT, "With C(nodes): C(--master-port), where rank 0 listens for the "
+                                                "other ranks."),
 }
 
 #: Old spellings still accepted: old key -> (new key, note). None yet: a key that is renamed keeps
@@ -284,6 +294,7 @@ def _instance(pos, raw, models, host, problems):
         rec[k] = _str_setting(rec[k], where, k, problems)
     if rec["served_model_name"] is not None:
         rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
+    problems.extend(key_problems(rec, where))
     if len(problems) > before or model is None:
         return None
     # the instance's own record: the model's settings with the instance's overrides on top

@@ -36,6 +36,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASE,
     usable_mib,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import table_cells
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool as _as_bool,
     as_float as _as_float,
@@ -328,7 +329,12 @@ class _Planner:
             return None, [f"{self.label(pos)} must be a dict with at least a 'name', got {type(raw).__name__}"]
         name = raw.get("name")
         shown = name if isinstance(name, str) and name else None
-        where = self.label(pos, shown)
+        # the inventory position (normalise keeps it): this host's plan may leave out other hosts' instances
+        where = self.label(raw["position"] if _is_int(raw.get("position")) else pos, shown)
+        share = raw.get("multinode")
+        if isinstance(share, dict) and "node_rank" in share:
+            where += (f" (rank {share['node_rank']} of {share['nnodes']} hosts; the sizes here are this host's "
+                      "share)")
         inst = _Inst(pos=pos, raw=raw, name=shown or f"#{pos}", where=where)
 
         def bad(msg):
@@ -944,13 +950,21 @@ def _entry(host: _Host, inst: _Inst, unit_prefix, use_uuids, tolerance_mib, cpu_
 
 
 def format_table(plan_entries, gpus=None) -> str:
-    """Fixed-width table of a plan: instance, GPUs, NUMA node, CPUs, TP x PP, port, link, GiB per GPU."""
+    """Fixed-width table of a plan: instance, GPUs, NUMA node, CPUs, TP x PP, port, link, GiB per GPU.
+
+    With multi-node instances two more columns: RANK (``0/2 api``, ``1/2 headless``) and HOSTS (rank order).
+    TP x PP of a multi-node instance is the whole instance's; GPUS are this host's share.
+    """
     totals = {}
     for g in gpus or []:
         if isinstance(g, dict) and _is_int(g.get("index")) and _is_int(g.get("memory_total_mib")):
             # the base gpu_memory_utilization applies to (memory.total - memory.reserved)
             totals[g["index"]] = usable_mib(g) if _is_int(g.get("memory_reserved_mib")) else g["memory_total_mib"]
     header = ("INSTANCE", "GPUS", "NUMA", "CPUS", "TP x PP", "PORT", "LINK", "GiB/GPU")
+    # multi-node instances (plan entries with ``multinode``) add the rank and the hosts, rank order
+    spans = any(isinstance(e, dict) and e.get("multinode") for e in plan_entries or [])
+    if spans:
+        header += ("RANK", "HOSTS")
     rows = [header]
     for e in plan_entries or []:
         util = float(e.get("gpu_memory_utilization") or 0)
@@ -972,6 +986,11 @@ def format_table(plan_entries, gpus=None) -> str:
             e.get("link") or "-",
             gib,
         ))
+        if spans:
+            mn = e.get("multinode")
+            if mn and mn.get("headless"):
+                rows[-1] = rows[-1][:5] + ("-",) + rows[-1][6:]  # a headless rank serves no API
+            rows[-1] += table_cells(mn)
     widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
