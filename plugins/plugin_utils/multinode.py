@@ -391,10 +391,13 @@ def resolve(records, models, host, fleet, opts):
             if tp % n:
                 problems.append(f"{where}: nodes_parallel is 'tensor' over {n} hosts, so tensor_parallel_size ({tp}) "
                                 f"must be a multiple of {n}; set tensor_parallel_size: {n * max(tp // n, 1)}")
-            heads = rec.get("num_attention_heads")
+            heads, kv_heads = rec.get("num_attention_heads"), rec.get("num_key_value_heads")
             if heads and heads % tp:
                 problems.append(f"{where}: tensor_parallel_size {tp} does not divide num_attention_heads {heads}; "
                                 "choose a tensor_parallel_size that divides it")
+            if kv_heads and kv_heads % tp and tp % kv_heads:
+                problems.append(f"{where}: tensor_parallel_size {tp} and num_key_value_heads {kv_heads} do not fit: "
+                                "the KV heads must split evenly across the GPUs or be replicated evenly")
             local = (tp // n if tp % n == 0 else tp, 1)
         size_here = local[0] * local[1]
         problems.extend(_same_definition(rec, size_here, hosts, host, fleet, models, opts, where))
@@ -430,6 +433,7 @@ def resolve(records, models, host, fleet, opts):
             share["weights_bytes"] = max(1, int(rec["weights_bytes"] // n))
         if mode == "tensor":
             share.pop("num_attention_heads", None)  # checked above against the whole group
+            share.pop("num_key_value_heads", None)
         out.append(share)
     return out, problems
 

@@ -178,6 +178,10 @@ def test_tensor_across_hosts_needs_the_fast_interconnect_flag():
     assert got["gpus"] == [0, 1, 2, 3] and got["multinode"]["gpus_per_node"] == 4
     assert got["argv"][got["argv"].index("--tensor-parallel-size") + 1] == "8"
     assert got["argv"][got["argv"].index("--pipeline-parallel-size") + 1] == "1"
+    # the head counts are checked against the whole tensor-parallel group, not this host's share
+    text = refusal("seed-1", instances=[dict(inst, num_attention_heads=12)], fleet=fleet,
+                   inputs={"vllm_service_fast_interconnect": True})
+    assert "tensor_parallel_size 8 does not divide num_attention_heads 12" in text
 
 
 # --------------------------------------------------------------------------- refusals
