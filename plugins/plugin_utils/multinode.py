@@ -69,13 +69,14 @@ NODES_PARALLEL = ("pipeline", "tensor")
 CLI_MODULE = "vllm.entrypoints.cli.main"
 #: vLLM's own default ``--master-port``.
 DEFAULT_MASTER_PORT = 29501
-#: Flags the plan sets for a multi-node instance, canonical name -> where to set it instead.
+#: Flags the plan sets for a multi-node instance, canonical name -> where to set it instead. They are
+#: refused on every instance; ``--distributed-executor-backend`` only on multi-node ones (the plan sets
+#: ``mp`` there; a single-host instance may choose its own backend).
 MULTINODE_FLAGS = {
     "nnodes": "nodes of the instance (the number of hosts it names)",
     "node-rank": "nodes of the instance (a host's position in it)",
     "master-addr": "vllm_service_network_interface of the first host in nodes",
     "master-port": "master_port of the instance",
-    "distributed-executor-backend": "nodes of the instance (multi-node instances use mp)",
     "headless": "nodes of the instance (every host after the first runs headless)",
 }
 #: Environment the plan sets for a multi-node rank from ``vllm_service_network_interface``.

@@ -457,6 +457,11 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
 
     mn = entry.get("multinode")
     if mn:
+        clash = [g[0] for g in groups if canonical_flag(g[0]) == "distributed-executor-backend"]
+        if clash:
+            problems.append(f"{where}: '{clash[0]}' duplicates a flag the plan sets for a multi-node instance "
+                            "(--distributed-executor-backend mp, vLLM's own launcher); remove it from extra_args")
+            return None
         # vLLM's multi-node launcher: the same command on every rank; ranks > 0 serve no API
         if mn["headless"]:
             args = [g for g in args if g[0] not in ("--host", "--port")]
@@ -592,16 +597,17 @@ def cpu_build_settings(name, entry, cpus, args, env, opts, warnings):
     * PP > 1: ``--enforce-eager`` makes rank 1 fail an assertion (the CPU runner skips its warm-up
       when compilation is off); compilation mode 1 with the eager backend (``-cc.mode=1
       -cc.backend=eager``) serves, so the role drops ``--enforce-eager`` and sets those instead.
-    * ``VLLM_CPU_OMP_THREADS_BIND``: each rank's OpenMP threads on its own share of the instance's
-      CPUs (``0|1`` for two ranks on CPUs 0-1), so the ranks never compete for one core.
+    * ``VLLM_CPU_OMP_THREADS_BIND``: each rank on this host gets its OpenMP threads on its own share of
+      the instance's CPUs (``0|1`` for two ranks on CPUs 0-1), so the ranks never compete for one core.
     Single-rank instances and the CUDA build are left as they are.
     """
     if opts["variant"] != "cpu":
         return
     tp, pp = entry["tensor_parallel_size"], entry["pipeline_parallel_size"]
-    ranks = tp * pp
-    if ranks < 2:
+    if tp * pp < 2:
         return
+    # the ranks on this host: a multi-node instance's sizes are the whole instance's
+    ranks = tp * pp // (entry["multinode"]["nnodes"] if entry.get("multinode") else 1)
     extra = {}
     if tp > 1:
         extra.update(CPU_TP_ENV)
@@ -616,7 +622,9 @@ def cpu_build_settings(name, entry, cpus, args, env, opts, warnings):
             args[:] = [g for g in args if g not in eager]
         if not any(_COMPILATION_FLAG.match(canonical_flag(g[0])) for g in args):
             args.extend([list(g) for g in CPU_PP_ARGS])
-    if len(cpus) >= ranks:
+    if ranks < 2:
+        pass  # one rank here: vLLM binds its threads itself
+    elif len(cpus) >= ranks:
         extra["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(compress_ints(c) for c in rank_cpu_sets(cpus, ranks))
     elif cpus:
         warnings.append(f"instance '{name}': {ranks} ranks but only {len(cpus)} CPUs ({compress_ints(cpus)}); "

@@ -295,6 +295,8 @@ def test_extra_args_and_env_cannot_repeat_what_the_launcher_sets():
     assert "'--node-rank' duplicates a flag the role sets" in text and "nodes of the instance" in text
     text = refusal("seed-1", instances=[dict(BIG, extra_args=["--headless"])])
     assert "'--headless' duplicates a flag the role sets" in text
+    text = refusal("seed-1", instances=[dict(BIG, extra_args=["--distributed-executor-backend ray"])])
+    assert "'--distributed-executor-backend' duplicates a flag the plan sets for a multi-node instance" in text
     text = refusal("seed-1", inputs={"vllm_service_nccl_env": {"NCCL_SOCKET_IFNAME": "eth0"}})
     assert "NCCL_SOCKET_IFNAME is set to 'eth0'" in text and "vllm_service_network_interface" in text
     # the same value is fine
@@ -356,3 +358,17 @@ def test_any_hosts_on_a_shared_network_rank_in_order(n, tp, stages, last, net):
         assert ("--headless" in p["argv"]) == (p["multinode"]["node_rank"] > 0)
         assert p["argv"][1:4] == (["-m", "vllm.entrypoints.cli.main", "serve"] if p["multinode"]["headless"]
                                   else ["-m", "vllm.entrypoints.openai.api_server", "--model"])
+
+
+def test_cpu_build_ranks_are_counted_per_host():
+    """vllm_install_variant cpu: the CPU build's settings follow the whole instance (PP across hosts needs
+    eager compilation), the OpenMP binding this host's ranks (TP = 2 per host: two ranks here)."""
+    inputs = {"vllm_install_variant": "cpu"}
+    plan = plan_of("seed-1", inputs=inputs, instances=[dict(BIG, tensor_parallel_size=2, extra_args=["--enforce-eager"])])
+    (inst,) = plan["instances"]
+    env = dict(inst["environment"])
+    assert env["TORCH_COMPILE_DISABLE"] == "1" and len(env["VLLM_CPU_OMP_THREADS_BIND"].split("|")) == 2, env
+    assert "-cc.mode=1" in inst["argv"] and "--enforce-eager" not in inst["argv"]
+    plan = plan_of("seed-2", inputs=inputs, instances=[dict(BIG, tensor_parallel_size=1)])
+    (inst,) = plan["instances"]
+    assert "-cc.mode=1" in inst["argv"] and "VLLM_CPU_OMP_THREADS_BIND" not in dict(inst["environment"])
