@@ -247,6 +247,54 @@ def test_gpu_footprint_passes_against_the_plan(host, plan):
     assert result["deviations"] == []
 
 
+def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host, host_plan, plan):
+    """Metrics targets (issue 15): the role wrote the file_sd file (vllm_service_prometheus_file_sd_host); a real
+    Prometheus (Debian's package on the controller, run in the test host's network namespace, where the
+    instances listen on 127.0.0.1) reads that file and scrapes every instance: vLLM's request and KV-cache
+    gauges arrive with the plan's labels."""
+    path = VARS["vllm_service_prometheus_file_sd_path"]
+    f = host.file(path)
+    assert f.user == "root" and f.mode == 0o644
+    groups = yaml.safe_load(f.content_string)
+    version = os.path.basename(host.check_output("readlink -f /opt/inferops/vllm/current")).split("-")[0]
+    assert [(g["targets"], g["labels"]["vllm_instance"], g["labels"]["gpus"], g["labels"]["vllm_version"])
+            for g in groups] == [([f"127.0.0.1:{i['port']}"], i["name"], ",".join(map(str, i["gpus"])), version)
+                                 for i in plan]
+    pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", HOST], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = os.path.join(tmp, "prometheus.yml")
+        with open(config, "w") as fh:
+            yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [{
+                "job_name": "vllm", "file_sd_configs": [{"files": [f"/proc/{pid}/root{path}"],
+                                                          "refresh_interval": "5s"}]}]}, fh)
+        prom = subprocess.Popen(["nsenter", "-t", pid, "-n", "prometheus", f"--config.file={config}",
+                                 f"--storage.tsdb.path={tmp}/data", "--web.listen-address=127.0.0.1:19090"],
+                                stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "log"), "w"))
+        try:
+            want = {i["name"] for i in plan}
+            seen = {}
+            for _ in range(90):
+                for metric in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+                    out = host.run(f"curl -sf --get --data-urlencode 'query={metric}' "
+                                   "http://127.0.0.1:19090/api/v1/query")
+                    if out.rc == 0:
+                        series = json.loads(out.stdout)["data"]["result"]
+                        seen[metric] = {r["metric"].get("vllm_instance"): r["metric"] for r in series}
+                if all(set(seen.get(m, {})) == want for m in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc")):
+                    break
+                host.run("sleep 1")
+            log = open(os.path.join(tmp, "log")).read()[-3000:]
+            for metric in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+                assert set(seen.get(metric, {})) == want, (metric, seen.get(metric), log)
+            labels = seen["vllm:num_requests_running"][plan[0]["name"]]
+            assert labels["instance"] == f"{host_plan['host']}/{plan[0]['name']}" and labels["job"] == "vllm"
+            assert labels["revision"] == VARS["vllm_models"]["tiny"]["revision"] and labels["numa_node"] == "0"
+        finally:
+            prom.terminate()
+            prom.wait(timeout=30)
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):

@@ -1,0 +1,66 @@
+# Apache License 2.0 (see LICENSE)
+"""Prometheus file service discovery for the planned vLLM instances (controller side, pure Python).
+
+``file_sd_targets(hosts)`` turns the plans of several hosts into the list Prometheus reads from a
+``file_sd_configs`` file, the format the ``prometheus.prometheus`` collection's ``prometheus_targets``
+writes: one target group per instance, ``{"targets": ["<address>:<port>"], "labels": {...}}``.
+
+``hosts`` maps each inventory host to ``{"plan": <its vllm_plan>, "address": <how Prometheus reaches
+the host>, "vllm_version": <installed version or None>}``. The target address is the instance's bind
+address, or ``address`` when it binds every address (``0.0.0.0``, ``::``). An instance bound to
+loopback can only be scraped by a Prometheus on its own host: ``warnings`` says so when the file is
+meant for another host (``scraper``).
+
+Labels: ``instance`` (``<host>/<instance>``: unique across the fleet, instead of Prometheus' default
+``<address>:<port>``), ``host``, ``vllm_instance``, ``unit``, ``model`` (the first served name),
+``repo_id``, ``revision``, ``gpus`` (indices, ``0,1``), ``numa_node``, ``tensor_parallel_size``,
+``vllm_version``. Label values are strings, as Prometheus wants them.
+"""
+from __future__ import annotations
+
+__all__ = ["file_sd_targets"]
+
+_WILDCARD = ("0.0.0.0", "::", "", "*")
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _hostport(address, port):
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def file_sd_targets(hosts, scraper=None):
+    """``{"targets": [target groups], "warnings": [...]}``, hosts and instances in a stable order."""
+    if not isinstance(hosts, dict):
+        raise ValueError(f"the input must be a dict: host -> {{plan, address, vllm_version}}, got {type(hosts).__name__}")
+    groups, warnings = [], []
+    for host in sorted(hosts):
+        entry = hosts[host]
+        plan = (entry or {}).get("plan") if isinstance(entry, dict) else None
+        if not isinstance(plan, dict) or not isinstance(plan.get("instances"), list):
+            raise ValueError(f"host {host}: no plan (run the vllm_preflight role first; it sets vllm_preflight_plan)")
+        address = entry.get("address") or host
+        version = entry.get("vllm_version")
+        for inst in plan["instances"]:
+            if inst.get("url") is None:
+                continue  # a headless rank of a multi-node instance serves no API and no /metrics
+            bind = inst["bind_address"]
+            target = address if bind in _WILDCARD else bind
+            if bind in _LOOPBACK and scraper not in (None, host):
+                warnings.append(f"host {host}: instance '{inst['name']}' binds {bind}, so the Prometheus on {scraper} "
+                                "cannot scrape it; set vllm_service_host to an address that host reaches")
+            model = inst.get("model") or {}
+            labels = {
+                "instance": f"{host}/{inst['name']}",
+                "host": host,
+                "vllm_instance": inst["name"],
+                "unit": inst["unit"],
+                "model": inst["served_model_name"],
+                "repo_id": model.get("repo_id") or "",
+                "revision": model.get("revision") or "",
+                "gpus": ",".join(str(g) for g in inst.get("gpus") or []),
+                "numa_node": "" if inst.get("numa_node") is None else str(inst["numa_node"]),
+                "tensor_parallel_size": str(inst["tensor_parallel_size"]),
+                "vllm_version": str(version) if version else "unknown",
+            }
+            groups.append({"targets": [_hostport(target, inst["port"])], "labels": labels})
+    return {"targets": groups, "warnings": warnings}
