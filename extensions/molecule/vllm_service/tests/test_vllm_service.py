@@ -264,17 +264,19 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
                          check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         config = os.path.join(tmp, "prometheus.yml")
+        file_sd = {"files": [f"/proc/{pid}/root{path}"], "refresh_interval": "5s"}
         with open(config, "w") as fh:
-            yaml.safe_dump({"global": {"scrape_interval": "1s"}, "scrape_configs": [{
-                "job_name": "vllm", "file_sd_configs": [{"files": [f"/proc/{pid}/root{path}"],
-                                                          "refresh_interval": "5s"}]}]}, fh)
-        prom = subprocess.Popen(["nsenter", "-t", pid, "-n", "prometheus", f"--config.file={config}",
-                                 f"--storage.tsdb.path={tmp}/data", "--web.listen-address=127.0.0.1:19090"],
-                                stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "log"), "w"))
+            yaml.safe_dump({"global": {"scrape_interval": "1s"},
+                            "scrape_configs": [{"job_name": "vllm", "file_sd_configs": [file_sd]}]}, fh)
+        log_path = os.path.join(tmp, "log")
+        with open(log_path, "w") as log_fh:
+            prom = subprocess.Popen(["nsenter", "-t", pid, "-n", "prometheus", f"--config.file={config}",
+                                     f"--storage.tsdb.path={tmp}/data", "--web.listen-address=127.0.0.1:19090"],
+                                    stdout=subprocess.DEVNULL, stderr=log_fh)
         try:
             want = {i["name"] for i in plan}
             seen = {}
-            for _ in range(90):
+            for _attempt in range(90):
                 for metric in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
                     out = host.run(f"curl -sf --get --data-urlencode 'query={metric}' "
                                    "http://127.0.0.1:19090/api/v1/query")
@@ -284,7 +286,8 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
                 if all(set(seen.get(m, {})) == want for m in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc")):
                     break
                 host.run("sleep 1")
-            log = open(os.path.join(tmp, "log")).read()[-3000:]
+            with open(log_path) as fh:
+                log = fh.read()[-3000:]
             for metric in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
                 assert set(seen.get(metric, {})) == want, (metric, seen.get(metric), log)
             labels = seen["vllm:num_requests_running"][plan[0]["name"]]
