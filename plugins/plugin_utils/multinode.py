@@ -22,6 +22,10 @@ share of a multi-node instance:
 * ``flags(mn)``, ``environment(mn)``: the launcher flags and the environment of one rank.
 * ``port_problems(instances, stride)``: the master port against this host's other ports.
 * ``table_cells(mn)``: the plan table's RANK and HOSTS cells.
+* ``group_key(mn, name)``, ``rank_groups(reports)``: the ranks of each multi-node instance as the hosts
+  report their units (queued, active, since when), judged together: which groups the service role
+  restarts as one (stop all, start the headless ranks, then rank 0 behind the gate) and which are
+  broken (verify fails naming the rank).
 
 How the model is split (``nodes_parallel``):
 
@@ -61,7 +65,8 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
 
 __all__ = ["NODES_PARALLEL", "CLI_MODULE", "DEFAULT_MASTER_PORT", "MULTINODE_FLAGS", "SOCKET_ENV",
-           "key_problems", "resolve", "restore", "flags", "environment", "port_problems", "table_cells"]
+           "key_problems", "resolve", "restore", "flags", "environment", "port_problems", "table_cells",
+           "group_key", "rank_groups"]
 
 #: How the ranks split the model: ``pipeline`` (PP across hosts) or ``tensor`` (TP across hosts).
 NODES_PARALLEL = ("pipeline", "tensor")
@@ -494,3 +499,63 @@ def table_cells(mn) -> tuple:
     if not mn:
         return "-", "-"
     return f"{mn['node_rank']}/{mn['nnodes']} {mn['role']}", ",".join(mn["hosts"])
+
+
+# --------------------------------------------------------------------------- the ranks together
+
+def group_key(mn, name) -> str:
+    """One multi-node instance across the fleet: its name at its rank-0 host (``m2@gpu-1``)."""
+    return f"{name}@{mn['hosts'][0]}"
+
+
+def rank_groups(reports) -> list:
+    """Judge every multi-node instance from its ranks' reports, one list shared by all hosts.
+
+    ``reports``: inventory host -> ``{instances, units, queued}``: the host's plan instances (those with
+    ``multinode`` count), ``units``: unit -> ``{active: bool, since: int}`` (``since``: the unit's
+    ``ActiveEnterTimestamp`` in epoch seconds, 0 when never active), ``queued``: names of the instances
+    this host's service stage would (re)start anyway (changed, pending or not running). A host of an
+    instance missing from ``reports`` (failed earlier, or not in the play) leaves that group incomplete.
+
+    Returns one dict per group, sorted by key (``group_key``): ``key``, ``name``, ``hosts`` (rank order),
+    ``restart`` (bool: restart the whole group), ``broken`` (reasons naming the rank, unit and host;
+    empty when the units look healthy), ``queued`` (hosts that would restart their rank anyway),
+    ``incomplete`` (hosts of the instance without a report).
+
+    A group is broken when a rank's unit is not active, or a headless rank (re)entered the active
+    state after rank 0 did: rank 0 formed its group with the rank's earlier process, so the new one
+    never joins and every request hangs while rank 0's ``/health`` stays 200 (docs/multinode.md).
+    """
+    groups = {}
+    for host, report in sorted((reports or {}).items()):
+        report = report or {}
+        units = report.get("units") or {}
+        queued = set(report.get("queued") or [])
+        for inst in report.get("instances") or []:
+            mn = inst.get("multinode")
+            if not mn:
+                continue
+            key = group_key(mn, inst["name"])
+            grp = groups.setdefault(key, {"name": inst["name"], "hosts": list(mn["hosts"]), "ranks": {}})
+            state = units.get(inst["unit"]) or {}
+            grp["ranks"][int(mn["node_rank"])] = {
+                "host": host, "unit": inst["unit"], "queued": inst["name"] in queued,
+                "active": _as_bool(state.get("active", False)), "since": _as_int(state.get("since") or 0)}
+    out = []
+    for key in sorted(groups):
+        grp = groups[key]
+        ranks = grp["ranks"]
+        incomplete = [h for pos, h in enumerate(grp["hosts"]) if pos not in ranks]
+        broken = []
+        first = ranks.get(0)
+        for pos in sorted(ranks):
+            rank = ranks[pos]
+            where = f"rank {pos} ({rank['unit']} on {rank['host']})"
+            if not rank["active"]:
+                broken.append(f"{where} is not active")
+            elif pos > 0 and first and first["active"] and rank["since"] > first["since"]:
+                broken.append(f"{where} restarted after rank 0 started, so it is not in rank 0's group")
+        queued = [ranks[pos]["host"] for pos in sorted(ranks) if ranks[pos]["queued"]]
+        out.append({"key": key, "name": grp["name"], "hosts": grp["hosts"], "incomplete": incomplete,
+                    "broken": broken, "queued": queued, "restart": not incomplete and bool(broken or queued)})
+    return out

