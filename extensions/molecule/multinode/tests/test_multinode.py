@@ -73,7 +73,8 @@ def show(host, prop):
 
 
 def completion(hosts, plans, timeout=60):
-    url = plans[RANK0]["instances"][0]["url"].replace("0.0.0.0", eth0(hosts[RANK0]))
+    # rank 0 binds every address (vllm_service_host 0.0.0.0): reach it on its eth0
+    url = f"http://{eth0(hosts[RANK0])}:{plans[RANK0]['instances'][0]['port']}"
     body = json.dumps({"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 8,
                        "temperature": 0})
     # from the other rank's container: across podman's bridge, as a client would
@@ -120,8 +121,9 @@ def test_rank_0_serves_the_api_and_rank_1_runs_headless(hosts, plans):
 
 def test_each_host_runs_one_pipeline_stage(hosts):
     for stage, name in enumerate((RANK0, RANK1)):
-        names = hosts[name].check_output("ps -eo comm= | sort -u")
-        assert f"Worker_PP{stage}" in names, names
+        # the full process title: comm is cut at 15 characters (VLLM::Worker_PP)
+        titles = hosts[name].check_output("ps -eo args=")
+        assert f"VLLM::Worker_PP{stage}" in titles and f"VLLM::Worker_PP{1 - stage}" not in titles, titles
 
 
 def test_a_completion_through_rank_0_uses_both_stages(hosts, plans):
