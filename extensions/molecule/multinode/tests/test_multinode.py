@@ -143,7 +143,7 @@ def test_gpu_memory_sits_on_the_planned_gpu_of_both_hosts(hosts, plans):
 
 
 def test_gpu_footprint_passes_on_both_hosts_against_their_plans():
-    rc, out, _ = playbook([{"hosts": "vllm_nodes", "gather_facts": False, "tasks": [{
+    rc, out, _seconds = playbook([{"hosts": "vllm_nodes", "gather_facts": False, "tasks": [{
         "name": "Footprint of this host's plan",
         "inferops.vllm.gpu_footprint": {
             "expected": "{{ plan.footprint.expected }}", "idle_gpus": "{{ plan.footprint.idle_gpus }}",
@@ -195,7 +195,7 @@ def test_converge_restarts_the_group_as_one_and_it_serves_again(hosts, plans, ki
     for name, host in hosts.items():
         assert show(host, "ExecMainStartTimestampMonotonic") != started[name], name
     assert completion(hosts, plans).stdout == "200"
-    rc, out, _ = playbook(VERIFY)
+    rc, out, _seconds = playbook(VERIFY)
     assert rc == 0, out[-3000:]
     print(f"converge restarted the group in {seconds:.0f} s")
 
