@@ -1,8 +1,9 @@
 # Apache License 2.0 (see LICENSE)
 """Filters for instances that span hosts: ``vllm_fleet_view`` (what the planner needs from the other
-hosts) and ``vllm_rank_groups`` (their ranks judged together); see their .yml docs.
+hosts), ``vllm_rank_groups`` (their ranks judged together) and ``vllm_rollout_plan`` (rollout batches
+that keep their hosts together); see their .yml docs.
 
-The logic lives in ``plugins/plugin_utils/fleet_view.py`` and ``multinode.py``.
+The logic lives in ``plugins/plugin_utils/fleet_view.py`` ``multinode.py`` and ``rollout.py``.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import rank_groups
+from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan
 
 _READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect")
 
@@ -36,8 +38,23 @@ def vllm_rank_groups(reports):
                                  "instances (its plan's), units (unit -> active, since) and queued") from exc
 
 
+def vllm_rollout_plan(hostvars, order, batches=None, hosts=None):
+    """Rollout order and batch sizes that keep each instance spanning hosts in one batch; see vllm_rollout_plan.yml."""
+    if not isinstance(order, (list, tuple)):
+        raise AnsibleFilterError(f"vllm_rollout_plan: order must be a list of inventory host names, got {type(order).__name__}")
+    defaults = {name: PLAN_INPUTS[name][1] for name in _READ}
+    hosts = list(hosts) if hosts is not None else list(hostvars)
+    fleet = fleet_view(hostvars, hosts, hosts, defaults)
+    try:
+        return rollout_plan(fleet, list(order), [1, "25%", "100%"] if batches is None else batches)
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"vllm_rollout_plan: vllm_rollout_batches must be a list of host counts or "
+                                 f"percentages such as [1, '25%', '100%'] ({exc})") from exc
+
+
 class FilterModule:
     """The fleet view for multi-node instances."""
 
     def filters(self):
-        return {"vllm_fleet_view": vllm_fleet_view, "vllm_rank_groups": vllm_rank_groups}
+        return {"vllm_fleet_view": vllm_fleet_view, "vllm_rank_groups": vllm_rank_groups,
+                "vllm_rollout_plan": vllm_rollout_plan}

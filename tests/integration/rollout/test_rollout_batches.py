@@ -1,0 +1,86 @@
+"""rollout.yml's batches: the real playbook over local hosts, only the ordering and batch tasks run.
+
+Every task that would touch a host is left out with ``--tags`` (the ordering, the grouping and the
+"This batch upgrades ..." line are tagged ``always``), so what the test sees is Ansible's own ``serial``
+batching of the order the collection computed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan, serial_sizes
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SHA = "5e1f00d0c0ffee0000000000000000000000cafe"
+
+
+def inventory(tmp_path, hosts, canary, instances):
+    """hosts: names in inventory order; instances: host -> vllm_instances."""
+    inv = {"all": {"children": {
+        "vllm_nodes": {"hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                     "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA}},
+                                     "vllm_instances": instances.get(h, []),
+                                     "vllm_service_network_interface": "eth0"} for h in hosts}},
+        "canary": {"hosts": {h: {} for h in canary}},
+    }}}
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump(inv))
+    return str(path)
+
+
+def batches_of(tmp_path, hosts, canary, instances, batches):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCALHOST_WARNING="false")
+    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
+                           inventory(tmp_path, hosts, canary, instances), os.path.join(ROOT, "playbooks", "rollout.yml"),
+                           "--tags", "inferops-none", "-e", json.dumps({"vllm_rollout_batches": batches})],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [m.split(", ") for m in re.findall(r'"msg": "This batch upgrades ([^"]+)"', proc.stdout)]
+
+
+PAIR = {"name": "duo", "model": "m", "nodes": ["n4", "n2"], "tensor_parallel_size": 1, "pipeline_parallel_size": 2}
+
+
+def test_the_playbook_keeps_the_ranks_of_an_instance_in_one_batch(tmp_path):
+    hosts = ["n1", "n2", "n3", "n4", "n5"]
+    seen = batches_of(tmp_path, hosts, ["n1"], {"n2": [PAIR], "n4": [PAIR]}, [1, 1, "100%"])
+    # Ansible alone would run [n1], [n2], [n3, n4, n5]: rank 1 (n2) without rank 0 (n4)
+    assert seen == [["n1"], ["n2", "n4"], ["n3", "n5"]]
+
+
+def test_a_canary_rank_brings_its_peers_into_the_first_batch(tmp_path):
+    hosts = ["n1", "n2", "n3", "n4"]
+    seen = batches_of(tmp_path, hosts, ["n4"], {"n2": [PAIR], "n4": [PAIR]}, [1, "100%"])
+    assert seen == [["n4", "n2"], ["n1", "n3"]]
+
+
+def test_without_instances_spanning_hosts_the_batches_are_ansibles(tmp_path):
+    hosts = ["n1", "n2", "n3", "n4", "n5"]
+    seen = batches_of(tmp_path, hosts, ["n3"], {}, [1, "25%", "100%"])
+    assert seen == [["n3"], ["n1"], ["n2", "n4", "n5"]]
+
+
+@pytest.mark.parametrize("batches,total,sizes", [
+    ([1, "25%", "100%"], 3, [1, 1, 1]), ([1, "25%", "100%"], 10, [1, 2, 7]), (["50%"], 5, [2, 2, 1]),
+    ([2], 5, [2, 2, 1]), (["100%"], 4, [4]), ([1, 1], 3, [1, 1, 1])])
+def test_serial_sizes_follow_ansible(batches, total, sizes):
+    assert serial_sizes(batches, total) == sizes
+
+
+def test_group_and_count_nodes_and_overlapping_instances_make_one_unit():
+    fleet = {h: {"groups": ["vllm_nodes"] + (["pair"] if h in ("b", "c") else []), "instances": []}
+             for h in "abcde"}
+    fleet["b"]["instances"] = [{"name": "x", "nodes": {"group": "pair", "count": 2}}]
+    fleet["e"]["instances"] = [{"name": "y", "nodes": ["c", "e"]}]
+    plan = rollout_plan(fleet, list("abcde"), [1, 1, 1])
+    assert plan["units"] == [["b", "c", "e"]]
+    assert plan["batches"] == [["a"], ["b", "c", "e"], ["d"]] and plan["serial"] == [1, 3, 1]
+    assert plan["order"] == list("abced")
