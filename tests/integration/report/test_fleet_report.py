@@ -19,7 +19,9 @@ PLAYBOOK = """
     - name: Plan the seed host with the real planner
       ansible.builtin.set_fact:
         vllm_verify_summary:
-          plan: "{{ (models | inferops.vllm.vllm_plan(instances, facts={'gpus': gpus, 'gpu_links': links})).instances }}"
+          plan: >-
+            {{ (models | inferops.vllm.vllm_plan(instances, facts={'gpus': gpus, 'gpu_links': links},
+                 inputs={'vllm_service_network_interface': 'eth1'}, host='seed', fleet=fleet | default(none))).instances }}
           gpus: "{{ gpus }}"
           footprint: "{{ footprint }}"
           bench: [{vllm_verify_instance: {name: chat-a}, single_stream_tokens_per_s: 84.2,
@@ -98,3 +100,34 @@ def test_report_renders_rows_and_gpu_grid(tmp_path):
     assert "NUMA node 0" in text and "NUMA node 1" in text
     assert text.count("chat-b") >= 5  # table row, legend, four GPU tiles
     assert text.count("healthy") == 1 and "footprint off" in text
+
+
+def test_an_instance_across_hosts_shows_its_rank_and_hosts(tmp_path):
+    host = _seed_host()
+    gpus = host["gpus"] if "gpus" in host else host["ansible_facts"]["gpus"]
+    links = host.get("gpu_links", host.get("links", {}))
+    fleet = {name: {"groups": ["seed"], "interface": "eth1", "gpu_count": len(gpus),
+                    "addresses": {"eth1": {"address": f"10.0.0.{pos + 5}", "prefix": 24}}}
+             for pos, name in enumerate(("seed", "seed-2"))}
+    extra = {
+        "gpus": gpus, "links": links, "fleet": fleet,
+        "footprint": [{"index": g["index"], "used_mib": 3, "ok": True} for g in gpus],
+        "instances": [{"name": "m2", "model": "big", "nodes": ["seed", "seed-2"], "tensor_parallel_size": 4,
+                       "pipeline_parallel_size": 2, "numa_node": 0}],
+        "models": {"big": {"repo_id": "org/big-moe", "revision": "a" * 40}},
+        "vllm_verify_report_dir": str(tmp_path / "reports"),
+    }
+    (tmp_path / "extra.json").write_text(json.dumps(extra))
+    (tmp_path / "site.yml").write_text(PLAYBOOK)
+    (tmp_path / "hosts.ini").write_text("seed ansible_connection=local\n")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build"),
+               ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_NOCOLOR="1")
+    res = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.ini"), str(tmp_path / "site.yml"),
+                          "-e", "@" + str(tmp_path / "extra.json")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+                         executable=os.path.join(os.path.dirname(sys.executable), "ansible-playbook"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    md = (tmp_path / "reports" / "fleet-report.md").read_text()
+    assert "| seed | m2 (rank 0/2 api of seed + seed-2) | org/big-moe @ aaaaaaaaaaaa | 0,1,2,3 | 0 | 4 x 2 |" in md, md
+    html = (tmp_path / "reports" / "fleet-report.html").read_text()
+    assert "rank 0/2 (api) of seed + seed-2" in html
