@@ -210,10 +210,10 @@ def test_the_unit_is_hardened_and_unprivileged():
     p = plan([{"name": "a", "model": "tiny"}])
     unit = directives(render("frontdoor.service.j2", p))
     assert unit["User"] == ["haproxy"] and unit["Type"] == ["notify"]
-    assert unit["ExecStart"] == ["/usr/sbin/haproxy -Ws -f /etc/inferops/frontdoor/frontdoor.cfg "
+    assert unit["ExecStart"] == ["/usr/sbin/haproxy -Ws -f /etc/haproxy/inferops-vllm-frontdoor.cfg "
                                  "-p /run/inferops-vllm-frontdoor/haproxy.pid"]
     # a reload checks the file first: a broken file never replaces the running workers
-    assert unit["ExecReload"] == ["/usr/sbin/haproxy -c -q -f /etc/inferops/frontdoor/frontdoor.cfg",
+    assert unit["ExecReload"] == ["/usr/sbin/haproxy -c -q -f /etc/haproxy/inferops-vllm-frontdoor.cfg",
                                   "/bin/kill -USR2 $MAINPID"]
     assert unit["RuntimeDirectory"] == ["inferops-vllm-frontdoor"]
     assert unit["CapabilityBoundingSet"] == [""] and unit["AmbientCapabilities"] == [""]

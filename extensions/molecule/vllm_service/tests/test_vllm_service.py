@@ -100,7 +100,7 @@ def with_changes(name, **changes):
 
 
 FRONTDOOR_SOCKET = "/run/inferops-vllm-frontdoor/admin.sock"
-FRONTDOOR_CONFIG = "/etc/inferops/frontdoor/frontdoor.cfg"
+FRONTDOOR_CONFIG = "/etc/haproxy/inferops-vllm-frontdoor.cfg"
 FRONTDOOR_UNIT = "inferops-vllm-frontdoor.service"
 
 
