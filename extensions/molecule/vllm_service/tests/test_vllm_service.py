@@ -7,6 +7,7 @@ GPU, remove it), in file order; they leave the host changed, so run them once pe
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -144,6 +145,44 @@ def requests_served(host, port):
     metrics = host.check_output(f"curl -s http://127.0.0.1:{port}/metrics")
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                if line.startswith("vllm:request_success_total{"))
+
+
+CLIENT = """#!/bin/bash
+# two clients in a loop through the front door: one line per request, "<time> <HTTP status>"
+body='{"model": "tiny-llama", "prompt": "Hello", "max_tokens": 8}'
+for n in 1 2; do
+  while true; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 120 -H 'Authorization: Bearer KEY' \\
+      -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:PORT/v1/completions)
+    echo "$(date +%s.%N) $code" >> /var/tmp/fd-codes
+  done &
+done
+wait
+"""
+
+
+def start_clients(host):
+    """A client loop through the front door (a transient unit on the host), for the rollout tests."""
+    script = CLIENT.replace("KEY", SECRETS[0]).replace("PORT", str(VARS["vllm_models"]["tiny"]["frontdoor_port"]))
+    encoded = base64.b64encode(script.encode()).decode()
+    host.run("systemctl stop fd-clients; rm -f /var/tmp/fd-codes")
+    host.check_output(f"echo {encoded} | base64 -d > /var/tmp/fd-clients.sh")
+    host.check_output("systemd-run --unit fd-clients /bin/bash /var/tmp/fd-clients.sh")
+
+
+def stop_clients(host):
+    """[(time, status)] of every request the clients sent."""
+    host.run("systemctl stop fd-clients")
+    lines = host.check_output("cat /var/tmp/fd-codes").splitlines()
+    return [(float(t), int(c)) for t, c in (line.split() for line in lines)]
+
+
+def served_per_server(host, backend):
+    """{server: requests HAProxy sent it (stot)} of one backend."""
+    lines = haproxy(host, "show stat").splitlines()
+    head = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(head, line.split(","))) for line in lines[1:] if line]
+    return {r["svname"]: int(r["stot"]) for r in rows if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 
 @pytest.fixture(scope="module")
@@ -407,10 +446,26 @@ def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):
 
 
 def test_changing_one_instance_restarts_only_that_one(host, plan):
+    """... and drains it at the front door first: clients that send completions through the front door the whole
+    time see no failed request (issue 15, draining rollouts)."""
     a, b = plan[0]["unit"], plan[1]["unit"]
     before = started_at(host, a), started_at(host, b)
-    rc, out = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    served_before = served_per_server(host, "tiny")
+    start_clients(host)
+    host.run("sleep 3")
+    try:
+        rc, out = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    finally:
+        host.run("sleep 3")
+        codes = stop_clients(host)
+    served = {k: v - served_before.get(k, 0) for k, v in served_per_server(host, "tiny").items()}
     assert rc == 0, out[-4000:]
+    failed = [c for c in codes if c[1] != 200]
+    assert codes and not failed, (len(codes), failed[:10], served)
+    assert all(n > 0 for n in served.values()), served
+    assert f"Stop sending new requests (server state drain) to tiny/{plan[1]['name']}" in out
+    assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
+    print(f"rollout of {b} behind the front door: {len(codes)} requests, 0 failed, per instance {served}")
     assert "RUNNING HANDLER [inferops.vllm.vllm_service : Reload systemd]" in out
     assert started_at(host, a) == before[0]
     assert started_at(host, b) > before[1]
