@@ -71,7 +71,7 @@ $(TOOLS)/%/.stamp: requirements/%.txt tools/find-python.sh
 	@$(TOOLS)/$*/bin/pip install -q -r $<
 	@touch $@
 
-SYSDEPS := podman runc debootstrap shellcheck prometheus
+SYSDEPS := podman runc debootstrap shellcheck prometheus haproxy
 sysdeps:
 	@missing=""; for p in $(SYSDEPS); do command -v $$p >/dev/null || missing="$$missing $$p"; done; \
 	dpkg -s containernetworking-plugins >/dev/null 2>&1 || missing="$$missing containernetworking-plugins"; \

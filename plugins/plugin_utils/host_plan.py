@@ -23,6 +23,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASE,
     MEMORY_BASES,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import plan_frontdoors
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -80,6 +81,9 @@ PLAN_INPUTS = {
                                 "Root-only directory of the environment files and C(plan.json)."),
     "vllm_service_tmp_dir": ("tmp_dir", "/tmp", "C(TMPDIR) of the instances."),
     "vllm_service_unit_prefix": ("unit_prefix", "vllm-", "Unit name prefix: C(<prefix><name>.service)."),
+    "vllm_frontdoor_bind_address": ("frontdoor_bind_address", "",
+                                    "Address the front doors (C(frontdoor_port) of C(vllm_models)) listen on; "
+                                    "empty: C(vllm_service_host)."),
     "vllm_service_idle_max_mib": ("idle_max_mib", IDLE_MAX_MIB,
                                   "Most MiB a GPU may show and count as idle: before an instance starts on it, "
                                   "and for GPUs outside the plan in the footprint check."),
@@ -230,6 +234,9 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
             if mn["headless"]:
                 out[-1]["url"] = None  # a headless rank serves no API; rank 0's url is the instance's
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
+    frontdoors, fd_problems = plan_frontdoors(out, norm["models"], opts["frontdoor_bind_address"] or opts["host"],
+                                              opts["vllm_port_stride"])
+    problems += fd_problems
     if problems:
         raise PlanContractError(problems, host)
     footprint = {
@@ -245,6 +252,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "gpu": gpu,
         "instances": out,
         "footprint": footprint if gpu else None,
+        "frontdoors": frontdoors,
         "paths": {"venv": venv, "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
                   "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},

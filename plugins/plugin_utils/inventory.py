@@ -65,6 +65,9 @@ MODEL_KEYS = {
     "allow_patterns": ("list", None, "Files to fetch (globs); default the weights, configs and tokenizer."),
     "ignore_patterns": ("list", None, "Files not to fetch (globs)."),
     "verify": ("str", None, "C(size) or C(sha256); default C(vllm_weights_verify)."),
+    "frontdoor_port": ("int", None, "Port of this model's front door on each host that serves it (HAProxy, role "
+                                    "C(vllm_frontdoor)): one listener balancing over the host's instances of the "
+                                    "model; leave it out for no front door."),
 }
 
 #: Keys of one entry of ``vllm_instances``: name -> (type, default, description).
@@ -241,6 +244,9 @@ def _model(key, raw, host, models_dir, problems):
         elif not SHA_RE.match(rev) and not rec["allow_unpinned"]:
             problems.append(f"{where}.revision is {rev!r}, not a 40-hex commit sha; pin the commit "
                             "(a branch moves under a running fleet) or set allow_unpinned: true")
+    if rec["frontdoor_port"] is not None and not 1 <= rec["frontdoor_port"] <= 65535:
+        problems.append(f"{where}.frontdoor_port is {rec['frontdoor_port']!r}; use a TCP port number 1-65535 "
+                        "or leave it out for no front door")
     if rec["verify"] is not None and rec["verify"] not in VERIFY_MODES:
         problems.append(f"{where}.verify is {rec['verify']!r}; use one of {', '.join(VERIFY_MODES)}")
     for k in ("quantization", "kv_cache_dtype", "tool_call_parser", "reasoning_parser"):

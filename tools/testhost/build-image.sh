@@ -8,7 +8,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # python-is-python3: the GPU simulator (tests/gpusim) starts with "#!/usr/bin/env python"
-packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl
+# haproxy: the front door (roles/vllm_frontdoor); installed here so the containers need no package mirror
+packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl,haproxy
 tag=$( (cat "$0"; echo "$packages") | sha256sum | cut -c1-12)
 image=localhost/inferops-testhost:$tag
 cache=$root/.cache/images

@@ -7,6 +7,7 @@ GPU, remove it), in file order; they leave the host changed, so run them once pe
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -97,6 +98,91 @@ def instances_without(name):
 
 def with_changes(name, **changes):
     return [dict(i, **changes) if i["name"] == name else i for i in VARS["vllm_instances"]]
+
+
+FRONTDOOR_SOCKET = "/run/inferops-vllm-frontdoor/admin.sock"
+FRONTDOOR_CONFIG = "/etc/haproxy/inferops-vllm-frontdoor.cfg"
+FRONTDOOR_UNIT = "inferops-vllm-frontdoor.service"
+
+
+def haproxy(host, command):
+    """One command on the front door's runtime API (the admin socket, root only)."""
+    code = ("import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+            "s.sendall(sys.argv[2].encode() + bytes([10])); sys.stdout.write(s.makefile().read())")
+    return host.check_output(f"python3 -c '{code}' {FRONTDOOR_SOCKET} '{command}'")
+
+
+def server_states(host, backend):
+    """{server: status} of one backend, from `show stat`."""
+    lines = haproxy(host, "show stat").splitlines()
+    head = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(head, line.split(","))) for line in lines[1:] if line]
+    return {r["svname"]: r["status"] for r in rows if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")}
+
+
+def wait_for_states(host, backend, want, tries=60):
+    states = {}
+    for _attempt in range(tries):
+        states = server_states(host, backend)
+        if states == want:
+            return states
+        host.run("sleep 1")
+    return states
+
+
+def completion(host, port, key=None):
+    """(HTTP status, body) of one completion request to a port on the host."""
+    body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 3})
+    auth = f"-H 'Authorization: Bearer {key}' " if key else ""
+    out = host.check_output(f"curl -s -w '\\n%{{http_code}}' {auth}-H 'Content-Type: application/json' -d '{body}' "
+                            f"http://127.0.0.1:{port}/v1/completions")
+    text, _sep, code = out.rpartition("\n")
+    return int(code), text
+
+
+def requests_served(host, port):
+    """vLLM's vllm:request_success_total of one instance (all finish reasons)."""
+    metrics = host.check_output(f"curl -s http://127.0.0.1:{port}/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("vllm:request_success_total{"))
+
+
+CLIENT = """#!/bin/bash
+# two clients in a loop through the front door: one line per request, "<time> <HTTP status>"
+body='{"model": "tiny-llama", "prompt": "Hello", "max_tokens": 8}'
+for n in 1 2; do
+  while true; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 120 -H 'Authorization: Bearer KEY' \\
+      -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:PORT/v1/completions)
+    echo "$(date +%s.%N) $code" >> /var/tmp/fd-codes
+  done &
+done
+wait
+"""
+
+
+def start_clients(host):
+    """A client loop through the front door (a transient unit on the host), for the rollout tests."""
+    script = CLIENT.replace("KEY", SECRETS[0]).replace("PORT", str(VARS["vllm_models"]["tiny"]["frontdoor_port"]))
+    encoded = base64.b64encode(script.encode()).decode()
+    host.run("systemctl stop fd-clients; rm -f /var/tmp/fd-codes")
+    host.check_output(f"echo {encoded} | base64 -d > /var/tmp/fd-clients.sh")
+    host.check_output("systemd-run --unit fd-clients /bin/bash /var/tmp/fd-clients.sh")
+
+
+def stop_clients(host):
+    """[(time, status)] of every request the clients sent."""
+    host.run("systemctl stop fd-clients")
+    lines = host.check_output("cat /var/tmp/fd-codes").splitlines()
+    return [(float(t), int(c)) for t, c in (line.split() for line in lines)]
+
+
+def served_per_server(host, backend):
+    """{server: requests HAProxy sent it (stot)} of one backend."""
+    lines = haproxy(host, "show stat").splitlines()
+    head = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(head, line.split(","))) for line in lines[1:] if line]
+    return {r["svname"]: int(r["stot"]) for r in rows if r["pxname"] == backend and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +384,56 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
             prom.wait(timeout=30)
 
 
+# --------------------------------------------------------------------------- the front door
+
+def test_the_front_door_is_the_plans(host, host_plan, plan):
+    """One front door for model tiny on its frontdoor_port, both instances its backends; the configuration on the
+    host passes haproxy -c and belongs to root, readable by HAProxy's group only."""
+    (fd,) = host_plan["frontdoors"]
+    assert fd["port"] == VARS["vllm_models"]["tiny"]["frontdoor_port"] and fd["served_model_name"] == "tiny-llama"
+    assert [(b["instance"], b["port"]) for b in fd["backends"]] == [(i["name"], i["port"]) for i in plan]
+    f = host.file(FRONTDOOR_CONFIG)
+    assert f.user == "root" and f.group == "haproxy" and f.mode == 0o640
+    for inst in plan:
+        assert f"server {inst['name']} 127.0.0.1:{inst['port']} check" in f.content_string
+    check = host.run(f"haproxy -c -f {FRONTDOOR_CONFIG}")
+    assert check.rc == 0, check.stdout + check.stderr
+
+
+def test_the_front_door_unit_is_hardened_and_unprivileged(host):
+    assert show(host, FRONTDOOR_UNIT, "ActiveState") == "active"
+    assert show(host, FRONTDOOR_UNIT, "UnitFileState") == "enabled"
+    pid = show(host, FRONTDOOR_UNIT, "MainPID")
+    assert host.check_output(f"ps -o user= -p {pid}").strip() == "haproxy"
+    assert host.check_output(f"grep ^CapEff /proc/{pid}/status").split()[1] == "0000000000000000"
+    for prop, value in (("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("ProtectHome", "yes"),
+                        ("PrivateTmp", "yes"), ("PrivateDevices", "yes"), ("MemoryDenyWriteExecute", "yes"),
+                        ("RestrictNamespaces", "yes"), ("CapabilityBoundingSet", ""), ("User", "haproxy")):
+        assert show(host, FRONTDOOR_UNIT, prop) == value, prop
+    sock = host.file(FRONTDOOR_SOCKET)
+    assert sock.is_socket and sock.user == "haproxy" and sock.mode == 0o600
+
+
+def test_the_front_door_checks_both_instances_and_spreads_completions_over_them(host, plan):
+    assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
+    port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
+    before = {i["name"]: requests_served(host, i["port"]) for i in plan}
+    for _n in range(6):
+        code, text = completion(host, port, SECRETS[0])
+        assert code == 200, text
+        assert json.loads(text)["usage"]["completion_tokens"] >= 1
+    after = {i["name"]: requests_served(host, i["port"]) for i in plan}
+    served = {name: after[name] - before[name] for name in after}
+    assert sum(served.values()) == 6 and all(n >= 2 for n in served.values()), served
+
+
+def test_the_front_door_passes_the_api_key_through(host):
+    port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
+    assert completion(host, port)[0] == 401
+    assert completion(host, port, "sk-wrong-key")[0] == 401
+    assert completion(host, port, SECRETS[0])[0] == 200
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):
@@ -310,10 +446,26 @@ def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):
 
 
 def test_changing_one_instance_restarts_only_that_one(host, plan):
+    """... and drains it at the front door first: clients that send completions through the front door the whole
+    time see no failed request (issue 15, draining rollouts)."""
     a, b = plan[0]["unit"], plan[1]["unit"]
     before = started_at(host, a), started_at(host, b)
-    rc, out = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    served_before = served_per_server(host, "tiny")
+    start_clients(host)
+    host.run("sleep 3")
+    try:
+        rc, out = converge(vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
+    finally:
+        host.run("sleep 3")
+        codes = stop_clients(host)
+    served = {k: v - served_before.get(k, 0) for k, v in served_per_server(host, "tiny").items()}
     assert rc == 0, out[-4000:]
+    failed = [c for c in codes if c[1] != 200]
+    assert codes and not failed, (len(codes), failed[:10], served)
+    assert all(n > 0 for n in served.values()), served
+    assert f"Stop sending new requests (server state drain) to tiny/{plan[1]['name']}" in out
+    assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
+    print(f"rollout of {b} behind the front door: {len(codes)} requests, 0 failed, per instance {served}")
     assert "RUNNING HANDLER [inferops.vllm.vllm_service : Reload systemd]" in out
     assert started_at(host, a) == before[0]
     assert started_at(host, b) > before[1]
@@ -333,6 +485,17 @@ def test_a_bad_flag_fails_the_gate_with_the_journal_and_stops_the_instance(host,
     assert started_at(host, a) == before
     for secret in SECRETS:
         assert secret not in out
+
+
+def test_the_front_door_serves_from_the_other_instance_while_one_is_down(host, plan):
+    """beta failed its gate (previous test) and is stopped: its health checks fail, HAProxy takes it out, and
+    every request through the front door still succeeds (on alpha)."""
+    want = {plan[0]["name"]: "UP", plan[1]["name"]: "DOWN"}
+    assert wait_for_states(host, "tiny", want) == want
+    port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
+    for _n in range(3):
+        code, text = completion(host, port, SECRETS[0])
+        assert code == 200, text
 
 
 def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
@@ -356,6 +519,7 @@ def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
 def test_removing_an_instance_prunes_it(host, plan):
     a, b = plan[0]["unit"], plan[1]["unit"]
     before = started_at(host, a)
+    frontdoor_pid = show(host, FRONTDOOR_UNIT, "MainPID")
     rc, out = converge(vllm_instances=instances_without(plan[1]["name"]))
     assert rc == 0, out[-4000:]
     assert not host.file(f"/etc/systemd/system/{b}").exists
@@ -364,3 +528,9 @@ def test_removing_an_instance_prunes_it(host, plan):
     assert started_at(host, a) == before
     used = gpu_used(host)
     assert all(used[g][0] < 100 for g in plan[1]["gpus"])
+    # the front door follows: beta left its backend by a reload (the master process stays), alpha serves
+    assert "server " + plan[1]["name"] + " " not in host.file(FRONTDOOR_CONFIG).content_string
+    assert show(host, FRONTDOOR_UNIT, "MainPID") == frontdoor_pid
+    assert wait_for_states(host, "tiny", {plan[0]["name"]: "UP"}) == {plan[0]["name"]: "UP"}
+    code, text = completion(host, VARS["vllm_models"]["tiny"]["frontdoor_port"], SECRETS[0])
+    assert code == 200, text

@@ -1,0 +1,95 @@
+# Apache License 2.0 (see LICENSE)
+"""The front doors of one host: one listener per served model, its backends the host's instances of it.
+
+``plan_frontdoors(instances, models, bind_address, stride)`` reads the plan's instances (after
+placement and unit content: ``port``, ``url``, ``vllm_port``, ``multinode``) and the normalised
+models (``frontdoor_port``) and returns ``(frontdoors, problems)``. A model gets a front door on a
+host when it sets ``frontdoor_port`` and at least one of the host's instances serves its API (a
+headless rank of a multi-node instance serves none: its ``url`` is None). The front door's port must
+not be an instance's HTTP port, lie in an instance's ``VLLM_PORT`` range, be the ``master_port`` of
+a multi-node instance whose rank 0 is this host, or be another model's front door; the instances of
+one model behind one front door must serve the same names (a client asking the front door for a name
+must get it from every backend). Each problem names the variable and the fix; the caller adds the host.
+
+The role ``vllm_frontdoor`` renders HAProxy's configuration from ``frontdoors`` alone.
+"""
+from __future__ import annotations
+
+__all__ = ["plan_frontdoors", "connect_host"]
+
+_WILDCARD = ("0.0.0.0", "", "*")
+
+
+def connect_host(address):
+    """Where the host itself reaches a listener bound to ``address`` (every address: loopback)."""
+    if address in _WILDCARD:
+        return "127.0.0.1"
+    if address == "::":
+        return "::1"
+    return address
+
+
+def _url(host, port):
+    host = "[%s]" % host if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+def _taken(instances, stride):
+    """Every port this host's instances use: [(low, high, what)]."""
+    out = []
+    for inst in instances:
+        mn = inst.get("multinode") or {}
+        if inst.get("url") is not None:
+            out.append((inst["port"], inst["port"], f"the HTTP port of instance '{inst['name']}'"))
+        base = inst.get("vllm_port")
+        if isinstance(base, int):
+            out.append((base, base + stride - 1,
+                        f"the VLLM_PORT range {base}-{base + stride - 1} of instance '{inst['name']}'"))
+        if mn and mn.get("node_rank") == 0 and isinstance(mn.get("master_port"), int):
+            out.append((mn["master_port"], mn["master_port"], f"the master_port of instance '{inst['name']}'"))
+    return out
+
+
+def plan_frontdoors(instances, models, bind_address, stride):
+    """``(frontdoors, problems)`` of one host; see the module docstring."""
+    problems = []
+    by_model = {}
+    for inst in instances:
+        key = (inst.get("model") or {}).get("key")
+        model = models.get(key) or {}
+        if model.get("frontdoor_port") is None or inst.get("url") is None:
+            continue
+        by_model.setdefault(key, []).append(inst)
+    taken = _taken(instances, int(stride))
+    frontdoors, ports = [], {}
+    for key in sorted(by_model):
+        port = models[key]["frontdoor_port"]
+        insts = by_model[key]
+        where = f"vllm_models.{key}.frontdoor_port"
+        names = {tuple(i["served_model_names"]) for i in insts}
+        if len(names) > 1:
+            problems.append(
+                f"{where}: the instances of model '{key}' on this host serve different names ("
+                + "; ".join(f"'{i['name']}': {', '.join(i['served_model_names'])}" for i in insts)
+                + "), so one front door cannot serve them all; give them the same served_model_name "
+                  "or leave frontdoor_port out")
+        for low, high, what in taken:
+            if low <= port <= high:
+                problems.append(f"{where} is {port}, which is {what}; give the front door a port no instance uses")
+        if port in ports:
+            problems.append(f"{where} is {port}, which is also the front door of model '{ports[port]}'; "
+                            "give each model its own frontdoor_port")
+        ports.setdefault(port, key)
+        address = bind_address
+        frontdoors.append({
+            "name": key,
+            "model": key,
+            "served_model_name": insts[0]["served_model_name"],
+            "served_model_names": list(insts[0]["served_model_names"]),
+            "bind_address": address,
+            "port": port,
+            "url": _url(connect_host(address), port),
+            "backends": [{"instance": i["name"], "unit": i["unit"], "address": connect_host(i["bind_address"]),
+                          "port": i["port"], "url": i["url"]} for i in insts],
+        })
+    return frontdoors, problems

@@ -1,0 +1,260 @@
+"""The front door per model (issue 15): the plan's ``frontdoors`` and HAProxy's configuration made from them.
+
+The plan comes from the real planner (``build_plan``) over recorded host facts; the configuration and
+the unit from the role's own templates, rendered by Ansible's templar the way the role's template
+lookup does it (role defaults and vars, ansible_managed, trim_blocks). Where HAProxy is installed on
+this machine (``make sysdeps`` installs it), every rendered configuration is checked by the real
+``haproxy -c``, as the role checks it on the host before putting it in place.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, generate_ansible_template_vars, trust_as_template
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, PlanContractError, build_plan
+from systemd_unit import directives
+from test_plan_contract import SHA, load_yaml
+from test_plan_multinode import BIG, fleet_of, plan_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROLE = os.path.join(ROOT, "roles", "vllm_frontdoor")
+HAPROXY = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else None)
+needs_haproxy = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed here (make sysdeps installs it)")
+
+MODELS = {"tiny": {"repo_id": "org/tiny", "revision": SHA, "served_model_name": "tiny-llama", "frontdoor_port": 9000},
+          "other": {"repo_id": "org/other", "revision": SHA, "frontdoor_port": 9001},
+          "plain": {"repo_id": "org/plain", "revision": SHA}}
+CPU = {"systemd_version": 252, "online_cpus": "0-7"}
+
+
+def plan(instances, models=None, **inputs):
+    return build_plan(models or MODELS, instances, CPU, dict({"vllm_preflight_gpu": False}, **inputs), host="node-1")
+
+
+def refused(instances, models=None, **inputs):
+    with pytest.raises(PlanContractError) as err:
+        plan(instances, models, **inputs)
+    return str(err.value)
+
+
+def render(template, fd_plan, **knobs):
+    """Render a template of the role as its template lookup does (defaults, vars, the role's set_facts)."""
+    loader = DataLoader()
+    variables = dict(loader.load_from_file(os.path.join(ROLE, "defaults", "main.yml"), trusted_as_template=True))
+    variables.update(loader.load_from_file(os.path.join(ROLE, "vars", "main.yml"), trusted_as_template=True))
+    variables.update(knobs)
+    frontdoors = fd_plan["frontdoors"]
+    variables.update({"vllm_frontdoor_plan": fd_plan, "vllm_frontdoor__frontdoors": frontdoors,
+                      "vllm_frontdoor__systemd_version": 252,
+                      "vllm_frontdoor__low_port": any(fd["port"] < 1024 for fd in frontdoors)})
+    src = os.path.join(ROLE, "templates", template)
+    variables.update(generate_ansible_template_vars(path=template, fullpath=src, dest_path=None))
+    with open(src) as fh:
+        text = trust_as_template(fh.read())
+    return Templar(loader=loader, variables=variables).template(
+        text, escape_backslashes=False, overrides=dict(trim_blocks=True, lstrip_blocks=False))
+
+
+def haproxy_check(tmp_path, text):
+    cfg = tmp_path / "frontdoor.cfg"
+    cfg.write_text(text)
+    out = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr + "\n" + text
+    return out
+
+
+def sections(text):
+    """{'frontend tiny': [lines], 'backend tiny': [lines], ...} of an HAProxy configuration."""
+    out, cur = {}, None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if not raw.startswith(" "):
+            cur = line
+            out[cur] = []
+        else:
+            out[cur].append(line.strip())
+    return out
+
+
+# --------------------------------------------------------------------------- the plan's front doors
+
+def test_two_instances_of_one_model_are_the_backends_of_one_front_door():
+    p = plan([{"name": "alpha", "model": "tiny"}, {"name": "beta", "model": "tiny"}])
+    assert p["frontdoors"] == [{
+        "name": "tiny", "model": "tiny", "served_model_name": "tiny-llama", "served_model_names": ["tiny-llama"],
+        "bind_address": "127.0.0.1", "port": 9000, "url": "http://127.0.0.1:9000",
+        "backends": [
+            {"instance": "alpha", "unit": "vllm-alpha.service", "address": "127.0.0.1", "port": 8000,
+             "url": "http://127.0.0.1:8000"},
+            {"instance": "beta", "unit": "vllm-beta.service", "address": "127.0.0.1", "port": 8001,
+             "url": "http://127.0.0.1:8001"}]}]
+
+
+def test_two_models_get_two_front_doors_and_a_model_without_frontdoor_port_none():
+    p = plan([{"name": "a", "model": "tiny"}, {"name": "b", "model": "other"}, {"name": "c", "model": "plain"},
+              {"name": "d", "model": "tiny"}])
+    assert [(fd["name"], fd["port"], [b["instance"] for b in fd["backends"]]) for fd in p["frontdoors"]] == [
+        ("other", 9001, ["b"]), ("tiny", 9000, ["a", "d"])]
+    assert p["frontdoors"][0]["served_model_name"] == "org/other"
+
+
+def test_no_frontdoor_port_no_front_door_and_the_plan_is_otherwise_unchanged():
+    models = {"m": {"repo_id": "org/m", "revision": SHA}}
+    p = plan([{"name": "a", "model": "m"}], models)
+    assert p["frontdoors"] == []
+    with_fd = plan([{"name": "a", "model": "m"}], {"m": dict(models["m"], frontdoor_port=9000)})
+    assert with_fd["instances"] == p["instances"] and with_fd["footprint"] == p["footprint"]
+
+
+def test_the_front_door_listens_where_the_instances_do_unless_told():
+    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="0.0.0.0")
+    (fd,) = p["frontdoors"]
+    assert fd["bind_address"] == "0.0.0.0" and fd["url"] == "http://127.0.0.1:9000"
+    assert fd["backends"][0]["address"] == "127.0.0.1"
+    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="0.0.0.0", vllm_frontdoor_bind_address="10.0.0.5")
+    assert p["frontdoors"][0]["bind_address"] == "10.0.0.5" and p["frontdoors"][0]["url"] == "http://10.0.0.5:9000"
+    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="::")
+    assert p["frontdoors"][0]["url"] == "http://[::1]:9000" and p["frontdoors"][0]["backends"][0]["address"] == "::1"
+
+
+def test_multi_node_rank_0_is_a_backend_and_a_headless_rank_is_not():
+    models = {"minimax-m2": {"repo_id": "MiniMaxAI/MiniMax-M2", "revision": SHA, "served_model_name": "minimax-m2",
+                             "frontdoor_port": 9000}}
+    head = plan_of("seed-1", models=models)
+    (fd,) = head["frontdoors"]
+    assert [b["instance"] for b in fd["backends"]] == ["m2"] and fd["served_model_name"] == "minimax-m2"
+    assert plan_of("seed-2", models=models)["frontdoors"] == []
+
+
+def test_collisions_are_refused_naming_host_variable_and_fix():
+    text = refused([{"name": "a", "model": "tiny", "port": 9000}])
+    assert "host node-1" in text and "vllm_models.tiny.frontdoor_port is 9000, which is the HTTP port of instance 'a'" in text
+    assert "give the front door a port no instance uses" in text
+    text = refused([{"name": "a", "model": "tiny", "vllm_port": 8950}])
+    assert "VLLM_PORT range 8950-9049 of instance 'a'" in text
+    models = dict(MODELS, other=dict(MODELS["other"], frontdoor_port=9000))
+    text = refused([{"name": "a", "model": "tiny"}, {"name": "b", "model": "other"}], models)
+    assert "also the front door of model" in text and "give each model its own frontdoor_port" in text
+    text = refused([{"name": "a", "model": "tiny"}, {"name": "b", "model": "tiny", "served_model_name": "x"}])
+    assert "serve different names" in text and "'a': tiny-llama; 'b': x" in text
+    text = refused([{"name": "a", "model": "tiny"}], dict(MODELS, tiny=dict(MODELS["tiny"], frontdoor_port=70000)))
+    assert "vllm_models.tiny.frontdoor_port is 70000; use a TCP port number 1-65535" in text
+
+
+def test_a_master_port_is_refused_as_front_door_on_its_rank_0_host():
+    models = {"minimax-m2": {"repo_id": "MiniMaxAI/MiniMax-M2", "revision": SHA, "frontdoor_port": 29500}}
+    with pytest.raises(PlanContractError) as err:
+        plan_of("seed-1", [dict(BIG, master_port=29500)], models=models, fleet=fleet_of(["seed-1", "seed-2"]))
+    assert "the master_port of instance 'm2'" in str(err.value)
+
+
+def test_the_documented_keys_and_inputs():
+    with open(os.path.join(ROOT, "docs", "plan.md")) as fh:
+        text = fh.read()
+    assert "`frontdoor_port`" in text and "`vllm_frontdoor_bind_address`" in text and "`frontdoors`" in text
+    # the role reads the plan only: no plan input is one of its variables
+    assert not set(load_yaml("roles", "vllm_frontdoor", "defaults", "main.yml")) & set(PLAN_INPUTS)
+
+
+# --------------------------------------------------------------------------- the configuration
+
+def test_the_configuration_has_one_frontend_and_backend_per_model(tmp_path):
+    p = plan([{"name": "alpha", "model": "tiny"}, {"name": "beta", "model": "tiny"}, {"name": "o", "model": "other"}])
+    text = render("frontdoor.cfg.j2", p)
+    sec = sections(text)
+    assert sec["frontend tiny"] == ["bind 127.0.0.1:9000", "default_backend tiny"]
+    assert sec["backend tiny"] == [
+        "balance leastconn", "option httpchk GET /health", "http-check expect status 200",
+        "server alpha 127.0.0.1:8000 check inter 2s fall 3 rise 2",
+        "server beta 127.0.0.1:8001 check inter 2s fall 3 rise 2"]
+    assert sec["frontend other"] == ["bind 127.0.0.1:9001", "default_backend other"]
+    assert "stats socket /run/inferops-vllm-frontdoor/admin.sock mode 600 level admin expose-fd listeners" in sec["global"]
+    assert "timeout server 10m" in sec["defaults"] and "option redispatch" in sec["defaults"]
+    # nothing touches the request's headers: the API key reaches the instances as the client sent it
+    assert not re.search(r"^\s*(http-request|http-response|reqrep|reqdel|reqidel|option forwardfor)\b|Authorization",
+                         text, re.M)
+    if HAPROXY:
+        haproxy_check(tmp_path, text)
+
+
+@needs_haproxy
+def test_haproxy_accepts_ipv6_wildcard_and_knobs(tmp_path):
+    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="::")
+    text = render("frontdoor.cfg.j2", p, vllm_frontdoor_check_interval="500ms", vllm_frontdoor_timeout_server="1h",
+                  vllm_frontdoor_log_level="info")
+    assert "bind :::9000" in text and "server a ::1:8000 check inter 500ms" in text
+    haproxy_check(tmp_path, text)
+
+
+@needs_haproxy
+def test_haproxy_refuses_a_broken_configuration(tmp_path):
+    """The role's validate step is worth having: a broken file is refused, not loaded."""
+    p = plan([{"name": "a", "model": "tiny"}])
+    cfg = tmp_path / "broken.cfg"
+    cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_timeout_server="ten minutes"))
+    out = subprocess.run([HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True, check=False)
+    assert out.returncode != 0
+
+
+def test_the_unit_is_hardened_and_unprivileged():
+    p = plan([{"name": "a", "model": "tiny"}])
+    unit = directives(render("frontdoor.service.j2", p))
+    assert unit["User"] == ["haproxy"] and unit["Type"] == ["notify"]
+    assert unit["ExecStart"] == ["/usr/sbin/haproxy -Ws -f /etc/haproxy/inferops-vllm-frontdoor.cfg "
+                                 "-p /run/inferops-vllm-frontdoor/haproxy.pid"]
+    # a reload checks the file first: a broken file never replaces the running workers
+    assert unit["ExecReload"] == ["/usr/sbin/haproxy -c -q -f /etc/haproxy/inferops-vllm-frontdoor.cfg",
+                                  "/bin/kill -USR2 $MAINPID"]
+    assert unit["RuntimeDirectory"] == ["inferops-vllm-frontdoor"]
+    assert unit["CapabilityBoundingSet"] == [""] and unit["AmbientCapabilities"] == [""]
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "PrivateDevices", "MemoryDenyWriteExecute",
+                "ProtectKernelTunables", "RestrictNamespaces", "ProtectProc"):
+        assert key in unit, key
+    assert unit["ProtectSystem"] == ["strict"]
+    low = plan([{"name": "a", "model": "tiny"}], dict(MODELS, tiny=dict(MODELS["tiny"], frontdoor_port=80)))
+    unit = directives(render("frontdoor.service.j2", low))
+    assert unit["CapabilityBoundingSet"] == ["CAP_NET_BIND_SERVICE"] == unit["AmbientCapabilities"]
+
+
+# --------------------------------------------------------------------------- the property
+
+ports = st.integers(1, 65535)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(fd_ports=st.lists(st.one_of(st.none(), ports), min_size=1, max_size=3),
+       instances=st.lists(st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(1024, 65000))),
+                          min_size=1, max_size=4),
+       host_addr=st.sampled_from(["127.0.0.1", "0.0.0.0", "::", "::1"]))
+def test_every_accepted_plan_renders_a_configuration_haproxy_accepts(tmp_path, fd_ports, instances, host_addr):
+    models = {f"m{i}": {"repo_id": f"org/m{i}", "revision": SHA, "frontdoor_port": port}
+              for i, port in enumerate(fd_ports)}
+    insts = [dict({"name": f"i{n}", "model": f"m{m % len(fd_ports)}"}, **({"port": port} if port else {}))
+             for n, (m, port) in enumerate(instances)]
+    try:
+        p = build_plan(models, insts, CPU, {"vllm_preflight_gpu": False, "vllm_service_host": host_addr}, host="h")
+    except PlanContractError:
+        return
+    served = {i["model"]["key"] for i in p["instances"]}
+    assert {fd["model"] for fd in p["frontdoors"]} == {k for k in served if models[k]["frontdoor_port"]}
+    used = {i["port"] for i in p["instances"]}
+    for fd in p["frontdoors"]:
+        assert fd["port"] not in used
+        assert [b["instance"] for b in fd["backends"]] == [i["name"] for i in p["instances"]
+                                                           if i["model"]["key"] == fd["model"]]
+    text = render("frontdoor.cfg.j2", p)
+    servers = re.findall(r"^    server (\S+) ", text, re.M)
+    assert servers == [b["instance"] for fd in p["frontdoors"] for b in fd["backends"]]
+    if HAPROXY and p["frontdoors"]:
+        haproxy_check(tmp_path, text)
