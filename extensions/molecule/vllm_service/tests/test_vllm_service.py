@@ -148,13 +148,15 @@ def requests_served(host, port):
 
 
 CLIENT = """#!/bin/bash
-# two clients in a loop through the front door: one line per request, "<time> <HTTP status>"
+# two clients in a loop through the front door (about 5 requests/s each): one line per request, "<time> <HTTP status>"
 body='{"model": "tiny-llama", "prompt": "Hello", "max_tokens": 8}'
 for n in 1 2; do
   while true; do
     code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 120 -H 'Authorization: Bearer KEY' \\
       -H 'Content-Type: application/json' -d "$body" http://127.0.0.1:PORT/v1/completions)
     echo "$(date +%s.%N) $code" >> /var/tmp/fd-codes
+    # a steady client, not a flood: without a pause two loops sent ~27k requests during one converge
+    sleep 0.2
   done &
 done
 wait
