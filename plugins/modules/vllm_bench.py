@@ -10,9 +10,19 @@ short_description: Short smoke benchmark of an OpenAI-compatible vLLM server
 version_added: 1.0.0
 description:
   - Sends completion requests to a running vLLM server (its OpenAI-compatible C(/v1/completions) API)
-    and measures single-stream decode speed and aggregate throughput at a given concurrency.
-  - Meant as a smoke test after a (re)start, with figures recorded in the fleet report; it is not a
-    load test. Request loops are bounded in count and time.
+    and measures single-stream decode speed and aggregate throughput at a given concurrency, and the
+    time to first token (TTFT) and time per output token (TPOT) of streamed requests.
+  - "The method: a warm-up request, then O(repeats) rounds of two phases - one request alone (concurrency 1),
+    then O(requests) requests O(concurrency) at a time - and the median of the rounds is reported. Every
+    request streams (C(stream: true), usage in the last chunk): TTFT is the time to the first streamed
+    token, TPOT is (total time - TTFT) / (completion tokens - 1); their p50 and p99 are taken over the
+    requests of a round's concurrent phase."
+  - "Prompts are fixed-seed random: O(prompt_words) words drawn with O(seed) from a small built-in word
+    list, different per request but the same in every run. A word is about one token for Llama-style
+    tokenizers, so O(prompt_words) approximates the prompt's length in tokens; the server's tokenizer
+    decides the exact count. O(prompt) replaces them by one fixed text."
+  - Meant as a short gate after a (re)start, with figures recorded in the fleet report; it is not a
+    load test. Request loops are bounded in count and time. Standard library only on the target.
   - Read-only towards the host; runs the same in check mode.
 options:
   url:
@@ -27,9 +37,20 @@ options:
     description: API key (sent as a bearer token), when the server requires one.
     type: str
   prompt:
-    description: Prompt text of every request.
+    description: Prompt text of every request, instead of the fixed-seed random prompts.
     type: str
-    default: "Write a short story about a GPU that loved numbers."
+  prompt_words:
+    description: Words of each fixed-seed random prompt (about as many prompt tokens).
+    type: int
+    default: 32
+  seed:
+    description: Seed of the random prompts; the same seed gives the same prompts in every run.
+    type: int
+    default: 0
+  repeats:
+    description: Rounds of both phases; the figures are the median over the rounds.
+    type: int
+    default: 3
   max_tokens:
     description: Tokens to generate per request.
     type: int
@@ -81,7 +102,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 single_stream_tokens_per_s:
-  description: Completion tokens per second of one request alone.
+  description: Completion tokens per second of one request alone (median of the rounds).
   returned: success and O(measure)
   type: float
   sample: 84.2
@@ -91,7 +112,7 @@ single_stream_latency_s:
   type: float
   sample: 0.76
 throughput_tokens_per_s:
-  description: Completion tokens per second over all requests of the concurrent phase.
+  description: Completion tokens per second over all requests of the concurrent phase (median of the rounds).
   returned: success and O(measure)
   type: float
   sample: 2510.4
@@ -105,8 +126,43 @@ requests:
   returned: success
   type: int
   sample: 8
+ttft_p50_ms:
+  description: Median time to first token in milliseconds, in the concurrent phase (median of the rounds).
+  returned: success and O(measure)
+  type: float
+  sample: 41.3
+ttft_p99_ms:
+  description: 99th percentile of the time to first token in milliseconds (concurrent phase, median of the rounds).
+  returned: success and O(measure)
+  type: float
+  sample: 120.5
+tpot_p50_ms:
+  description: Median time per output token after the first, in milliseconds (concurrent phase, median of the rounds).
+  returned: success and O(measure)
+  type: float
+  sample: 12.1
+tpot_p99_ms:
+  description: 99th percentile of the time per output token in milliseconds (concurrent phase, median of the rounds).
+  returned: success and O(measure)
+  type: float
+  sample: 15.8
+single_stream_ttft_ms:
+  description: Time to first token of the request alone, in milliseconds (median of the rounds).
+  returned: success and O(measure)
+  type: float
+  sample: 30.2
+repeats:
+  description: Rounds measured.
+  returned: success and O(measure)
+  type: int
+  sample: 3
+rounds:
+  description: The figures of every round (keys as above), before the median.
+  returned: success and O(measure)
+  type: list
+  elements: dict
 completion_tokens:
-  description: Completion tokens counted over the concurrent phase (from the server's usage report).
+  description: Completion tokens counted over the concurrent phase of the last round (from the server's usage report).
   returned: success and O(measure)
   type: int
   sample: 512
@@ -124,32 +180,122 @@ health_wait_s:
 """
 
 import json
+import random
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
+WORDS = ("the of and to in is was for on that with as by at from his her an were which this be are had not "
+         "but one all their there been has more when who will would can if into no time about only new some "
+         "could these two may first then do any like my now over such our man me even most made after also "
+         "did many before must through back years where much your way well down should because each just "
+         "those people how too little state good very make world still own see men work long get here between "
+         "both life being under never day same another know while last might us great old year off come since "
+         "against go came right used take three").split()
 
-def _complete(params):
-    """One completion request; returns (completion tokens, seconds)."""
+
+def prompts(params, count):
+    """``count`` prompts: the fixed text, or fixed-seed random words (the same in every run)."""
+    if params.get("prompt"):
+        return [params["prompt"]] * count
+    rng = random.Random(params["seed"])
+    return [" ".join(rng.choice(WORDS) for _w in range(params["prompt_words"])) for _i in range(count)]
+
+
+def percentile(values, pct):
+    """Linear-interpolated percentile (``pct`` in 0-100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * pct / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _complete(params, prompt, max_tokens=None):
+    """One streamed completion request; returns (completion tokens, seconds, seconds to first token)."""
     body = json.dumps({
         "model": params["model"],
-        "prompt": params["prompt"],
-        "max_tokens": params["max_tokens"],
+        "prompt": prompt,
+        "max_tokens": max_tokens or params["max_tokens"],
         "temperature": 0,
         "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     })
-    headers = _headers(params)
     start = time.monotonic()
-    resp = open_url(params["url"].rstrip("/") + "/v1/completions", data=body, headers=headers,
+    resp = open_url(params["url"].rstrip("/") + "/v1/completions", data=body, headers=_headers(params),
                     method="POST", timeout=params["timeout"])
-    data = json.loads(resp.read())
+    first = None
+    usage = None
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        chunk = json.loads(payload)
+        if first is None and any(c.get("text") for c in chunk.get("choices") or []):
+            first = time.monotonic() - start
+        if chunk.get("usage"):
+            usage = chunk["usage"]
     elapsed = time.monotonic() - start
-    tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
+    tokens = int((usage or {}).get("completion_tokens") or 0)
     if tokens <= 0:
-        raise ValueError("the server's answer has no completion_tokens in usage: %r" % (data,))
-    return tokens, elapsed
+        raise ValueError("the server's stream has no completion_tokens in usage (last usage: %r)" % (usage,))
+    return tokens, elapsed, elapsed if first is None else first
+
+
+def _tpot(tokens, secs, ttft):
+    return (secs - ttft) / (tokens - 1) if tokens > 1 else 0.0
+
+
+def one_round(params, texts):
+    """One round: a request alone, then the concurrent phase. Returns the round's figures."""
+    tokens, secs, ttft = _complete(params, texts[0])
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=params["concurrency"]) as pool:
+        results = list(pool.map(lambda text: _complete(params, text), texts[1:]))
+    wall = time.monotonic() - start
+    total = sum(r[0] for r in results)
+    ttfts = [r[2] * 1000 for r in results]
+    tpots = [_tpot(*r) * 1000 for r in results]
+    return {
+        "single_stream_tokens_per_s": tokens / secs,
+        "single_stream_latency_s": secs,
+        "single_stream_ttft_ms": ttft * 1000,
+        "throughput_tokens_per_s": total / wall,
+        "ttft_p50_ms": percentile(ttfts, 50),
+        "ttft_p99_ms": percentile(ttfts, 99),
+        "tpot_p50_ms": percentile(tpots, 50),
+        "tpot_p99_ms": percentile(tpots, 99),
+        "completion_tokens": total,
+    }
+
+
+def benchmark(params):
+    """Warm-up, then ``repeats`` rounds; returns the median figures and the rounds."""
+    texts = prompts(params, 2 + params["repeats"] * (1 + params["requests"]))
+    _complete(params, texts[0], max_tokens=1)  # warm-up: the first request pays for lazy initialisation
+    rounds = []
+    per_round = 1 + params["requests"]
+    for i in range(params["repeats"]):
+        rounds.append(one_round(params, texts[1 + i * per_round:1 + (i + 1) * per_round]))
+    figures = {}
+    for key in rounds[0]:
+        if key == "completion_tokens":
+            continue
+        digits = 3 if key.endswith("_s") and not key.endswith("per_s") else 2
+        figures[key] = round(statistics.median(r[key] for r in rounds), digits)
+    figures["completion_tokens"] = rounds[-1]["completion_tokens"]
+    figures["rounds"] = [dict((k, round(v, 3)) for k, v in r.items()) for r in rounds]
+    return figures
 
 
 def _headers(params):
@@ -194,7 +340,10 @@ def main():
             url=dict(type="str", required=True),
             model=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
-            prompt=dict(type="str", default="Write a short story about a GPU that loved numbers."),
+            prompt=dict(type="str"),
+            prompt_words=dict(type="int", default=32),
+            seed=dict(type="int", default=0),
+            repeats=dict(type="int", default=3),
             max_tokens=dict(type="int", default=64, no_log=False),
             requests=dict(type="int", default=8),
             concurrency=dict(type="int", default=4),
@@ -206,7 +355,7 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    for key in ("max_tokens", "requests", "concurrency"):
+    for key in ("max_tokens", "requests", "concurrency", "repeats", "prompt_words"):
         if p[key] < 1:
             module.fail_json(msg="%s must be at least 1, got %d" % (key, p[key]))
     result = {"changed": False}
@@ -219,24 +368,11 @@ def main():
     if not p["measure"]:
         module.exit_json(**result)
     try:
-        _complete(dict(p, max_tokens=1))  # warm-up: first request pays for lazy initialisation
-        tokens, secs = _complete(p)
-        start = time.monotonic()
-        with ThreadPoolExecutor(max_workers=p["concurrency"]) as pool:
-            results = list(pool.map(lambda _i: _complete(p), range(p["requests"])))
-        wall = time.monotonic() - start
-    except Exception as exc:  # urllib errors, timeouts, bad JSON: all are a failed smoke test
+        figures = benchmark(p)
+    except Exception as exc:  # urllib errors, timeouts, bad JSON: all are a failed benchmark
         module.fail_json(msg="benchmark request to %s failed: %s" % (p["url"], exc))
-    total = sum(tokens_done for tokens_done, _secs in results)
-    module.exit_json(
-        single_stream_tokens_per_s=round(tokens / secs, 2),
-        single_stream_latency_s=round(secs, 3),
-        throughput_tokens_per_s=round(total / wall, 2),
-        concurrency=p["concurrency"],
-        requests=p["requests"],
-        completion_tokens=total,
-        **result
-    )
+    result.update(figures)
+    module.exit_json(concurrency=p["concurrency"], requests=p["requests"], repeats=p["repeats"], **result)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from ansible.module_utils.testing import patch_module_args
 
 
 class _Handler(BaseHTTPRequestHandler):
-    delay = 0.2
+    first_delay = 0.1    # seconds to the first streamed token
+    token_delay = 0.01   # seconds between further tokens
     seen = []
     inflight = 0
     max_inflight = 0
@@ -60,16 +61,25 @@ class _Handler(BaseHTTPRequestHandler):
         with cls.lock:
             cls.inflight += 1
             cls.max_inflight = max(cls.max_inflight, cls.inflight)
-        time.sleep(self.delay)
+        # a real stream (SSE, HTTP/1.0: the body ends when the connection closes): the first token after
+        # first_delay, every further one token_delay later, usage in the last chunk (vLLM's include_usage)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        time.sleep(cls.first_delay)
+        for i in range(body["max_tokens"]):
+            if i:
+                time.sleep(cls.token_delay)
+            self._event({"choices": [{"index": 0, "text": "w "}]})
         with cls.lock:
             cls.inflight -= 1
-        usage = {"completion_tokens": body["max_tokens"]} if body["model"] == "tiny" else {}
-        out = json.dumps({"choices": [{"text": "x"}], "usage": usage}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        usage = {"completion_tokens": body["max_tokens"]} if body["model"] == "tiny" else None
+        self._event({"choices": [], "usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def _event(self, payload):
+        self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+        self.wfile.flush()
 
 
 @pytest.fixture
@@ -78,6 +88,7 @@ def server():
     _Handler.max_inflight = 0
     _Handler.ready_at = 0.0
     _Handler.models = ["tiny"]
+    _Handler.first_delay, _Handler.token_delay = 0.1, 0.01
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
@@ -98,21 +109,66 @@ def _run(monkeypatch, args):
 
 def test_measures_single_stream_and_concurrency(server, monkeypatch):
     res = _run(monkeypatch, {"url": server, "model": "tiny", "max_tokens": 10, "requests": 8,
-                             "concurrency": 4, "api_key": "sekrit"})
+                             "concurrency": 4, "api_key": "sekrit", "repeats": 1})
     assert isinstance(res, AnsibleExitJson), res.args
     r = res.args[0]
     assert r["completion_tokens"] == 80 and r["requests"] == 8 and r["concurrency"] == 4
-    # 10 tokens take at least the server's 0.2 s: at most 50 tok/s single-stream
-    assert 0 < r["single_stream_tokens_per_s"] <= 50, r
-    assert r["single_stream_latency_s"] >= 0.2, r
-    # the concurrent phase really overlapped its requests (4 workers, 8 requests of 0.2 s each)
+    # 10 tokens take at least 0.1 + 9 * 0.01 s: at most ~53 tok/s single-stream
+    assert 0 < r["single_stream_tokens_per_s"] <= 53, r
+    assert r["single_stream_latency_s"] >= 0.19, r
+    # the concurrent phase really overlapped its requests (4 workers, 8 requests)
     assert _Handler.max_inflight >= 2, _Handler.max_inflight
-    assert r["throughput_tokens_per_s"] > 0
+    assert r["throughput_tokens_per_s"] > r["single_stream_tokens_per_s"]
     # warm-up (1 token) + single + 8 concurrent; every request carries the key as a bearer token
     assert len(_Handler.seen) == 10
     assert {seen[2] for seen in _Handler.seen} == {"Bearer sekrit"}
     assert _Handler.seen[0][1]["max_tokens"] == 1
+    assert all(seen[1]["stream"] is True for seen in _Handler.seen)
     assert "sekrit" not in json.dumps(r)
+
+
+def test_ttft_and_tpot_come_from_the_stream(server, monkeypatch):
+    _Handler.first_delay, _Handler.token_delay = 0.3, 0.02
+    res = _run(monkeypatch, {"url": server, "model": "tiny", "max_tokens": 6, "requests": 3,
+                             "concurrency": 3, "repeats": 1})
+    assert isinstance(res, AnsibleExitJson), res.args
+    r = res.args[0]
+    # TTFT: the server's 0.3 s before the first token (plus loopback overhead)
+    assert 300 <= r["ttft_p50_ms"] <= r["ttft_p99_ms"] < 600, r
+    assert 300 <= r["single_stream_ttft_ms"] < 600, r
+    # TPOT: (total - TTFT) / 5 is the server's 20 ms between tokens
+    assert 18 <= r["tpot_p50_ms"] <= r["tpot_p99_ms"] < 60, r
+
+
+def test_three_rounds_after_a_warm_up_and_the_median(server, monkeypatch):
+    res = _run(monkeypatch, {"url": server, "model": "tiny", "max_tokens": 3, "requests": 2,
+                             "concurrency": 2})
+    assert isinstance(res, AnsibleExitJson), res.args
+    r = res.args[0]
+    assert r["repeats"] == 3 and len(r["rounds"]) == 3
+    # warm-up + 3 x (1 alone + 2 concurrent)
+    assert len(_Handler.seen) == 1 + 3 * 3
+    for key in ("single_stream_tokens_per_s", "throughput_tokens_per_s", "ttft_p99_ms", "tpot_p50_ms"):
+        values = sorted(round_[key] for round_ in r["rounds"])
+        assert abs(r[key] - values[1]) < 0.01, (key, r[key], values)
+
+
+def test_prompts_are_random_words_with_a_fixed_seed(server, monkeypatch):
+    args = {"url": server, "model": "tiny", "max_tokens": 1, "requests": 2, "concurrency": 1,
+            "repeats": 1, "prompt_words": 12, "seed": 7}
+    _run(monkeypatch, args)
+    first = [seen[1]["prompt"] for seen in _Handler.seen]
+    _Handler.seen = []
+    _run(monkeypatch, args)
+    assert [seen[1]["prompt"] for seen in _Handler.seen] == first, "same seed, same prompts"
+    assert len(set(first)) == len(first), "each request its own prompt"
+    assert all(len(text.split()) == 12 for text in first)
+    _Handler.seen = []
+    _run(monkeypatch, dict(args, seed=8))
+    assert [seen[1]["prompt"] for seen in _Handler.seen] != first
+    _Handler.seen = []
+    _run(monkeypatch, dict(args, prompt="Hello there"))
+    assert {seen[1]["prompt"] for seen in _Handler.seen} == {"Hello there"}
 
 
 def test_fails_clearly_without_usage(server, monkeypatch):
@@ -146,7 +202,7 @@ def test_check_health_waits_for_health_then_checks_models(server, monkeypatch):
 
 def test_check_health_then_measure(server, monkeypatch):
     res = _run(monkeypatch, {"url": server, "model": "tiny", "api_key": "sekrit", "check_health": True,
-                             "max_tokens": 2, "requests": 2, "concurrency": 1})
+                             "max_tokens": 2, "requests": 2, "concurrency": 1, "repeats": 1})
     assert isinstance(res, AnsibleExitJson), res.args
     assert res.args[0]["served_models"] == ["tiny"] and res.args[0]["completion_tokens"] == 4
 
