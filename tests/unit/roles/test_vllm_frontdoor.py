@@ -175,14 +175,24 @@ def test_the_configuration_has_one_frontend_and_backend_per_model(tmp_path):
     assert sec["frontend tiny"] == ["bind 127.0.0.1:9000", "default_backend tiny"]
     assert sec["backend tiny"] == [
         "balance leastconn", "option httpchk GET /health", "http-check expect status 200",
+        "http-response set-header X-Inferops-Instance %s",
         "server alpha 127.0.0.1:8000 check inter 2s fall 3 rise 2",
         "server beta 127.0.0.1:8001 check inter 2s fall 3 rise 2"]
     assert sec["frontend other"] == ["bind 127.0.0.1:9001", "default_backend other"]
     assert "stats socket /run/inferops-vllm-frontdoor/admin.sock mode 600 level admin expose-fd listeners" in sec["global"]
     assert "timeout server 10m" in sec["defaults"] and "option redispatch" in sec["defaults"]
-    # nothing touches the request's headers: the API key reaches the instances as the client sent it
-    assert not re.search(r"^\s*(http-request|http-response|reqrep|reqdel|reqidel|option forwardfor)\b|Authorization",
-                         text, re.M)
+    # nothing touches the request's headers: the API key reaches the instances as the client sent it; the one
+    # response header added names the instance that answered
+    assert not re.search(r"^\s*(http-request|reqrep|reqdel|reqidel|option forwardfor)\b|Authorization", text, re.M)
+    assert re.findall(r"^\s*http-response .*", text, re.M) == ["    http-response set-header X-Inferops-Instance %s"] * 2
+    if HAPROXY:
+        haproxy_check(tmp_path, text)
+
+
+def test_no_served_by_header_when_it_is_empty(tmp_path):
+    p = plan([{"name": "alpha", "model": "tiny"}])
+    text = render("frontdoor.cfg.j2", p, vllm_frontdoor_served_by_header="")
+    assert "http-response" not in text
     if HAPROXY:
         haproxy_check(tmp_path, text)
 

@@ -1,0 +1,52 @@
+"""Clients of a model's front door during the rollout (side_effect.yml starts it, tests/test_fleet.py reads it).
+
+Real OpenAI-client requests (the `openai` package of the vLLM venv that serves before the rollout), in
+CLIENTS threads, each in a loop: one completion, a short pause, the next. Every request is one JSON line in
+LOG: when it started, how long it took, whether it succeeded, and which instance answered (the front door's
+X-Inferops-Instance response header), or the error.
+
+    python openai_clients.py URL API_KEY MODEL LOG [CLIENTS]
+"""
+import json
+import sys
+import threading
+import time
+
+import openai
+
+URL, KEY, MODEL, LOG = sys.argv[1:5]
+CLIENTS = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+LOCK = threading.Lock()
+
+
+def client(number, out):
+    api = openai.OpenAI(base_url=URL, api_key=KEY, max_retries=0, timeout=120)
+    while True:
+        start = time.time()
+        record = {"client": number, "t": start}
+        try:
+            raw = api.completions.with_raw_response.create(model=MODEL, prompt="Hello", max_tokens=8)
+            completion = raw.parse()
+            record.update(ok=bool(completion.choices) and completion.usage.completion_tokens > 0,
+                          instance=raw.headers.get("x-inferops-instance"), status=raw.status_code)
+        except Exception as exc:  # every failure is a finding: record it and go on
+            record.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:300],
+                          status=getattr(exc, "status_code", None))
+        record["seconds"] = round(time.time() - start, 3)
+        with LOCK:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+        time.sleep(0.2)
+
+
+def main():
+    with open(LOG, "a", encoding="utf-8") as out:
+        threads = [threading.Thread(target=client, args=(n, out), daemon=True) for n in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+
+if __name__ == "__main__":
+    main()
