@@ -529,37 +529,38 @@ def perf_gate(tmp_path, name, **overrides):
 
 def test_the_performance_gate_fails_an_instance_given_less_cpu_and_passes_it_again(host, plan, tmp_path):
     """Issue 15, the performance gate: the baseline of this host class is what its healthy instances measure
-    (as an operator would set it), with a tolerance of 50 %. Both instances pass it; beta given a fifth of one
-    CPU fails it, named with its figure, while alpha still passes; beta given its CPU back passes again."""
+    (as an operator would set it: the lower of the two), with a tolerance of 60 % (a healthy instance measures
+    within about half of it on this busy 2-core machine). Both instances pass it; beta given a tenth of one CPU
+    fails it, named with its figure, while alpha still passes; beta given its CPU back passes again."""
     a, b = plan[0]["name"], plan[1]["name"]
     rc, out, healthy = perf_gate(tmp_path, "healthy")
     assert rc == 0 and set(healthy) == {a, b}, out[-4000:]
     baseline = {metric: min(healthy[n][metric] for n in (a, b))
                 for metric in ("single_stream_tokens_per_s", "throughput_tokens_per_s")}
-    gate = {"vllm_verify_perf_baseline": baseline, "vllm_verify_perf_tolerance": 0.5}
+    gate = {"vllm_verify_perf_baseline": baseline, "vllm_verify_perf_tolerance": 0.6}
 
     rc, out, passed = perf_gate(tmp_path, "gate-healthy", **gate)
     assert rc == 0, out[-4000:]
     assert "Compare the benchmark figures with the baseline" in out
 
-    with CpuQuota(plan[1]["unit"], 20) as quota:
+    with CpuQuota(plan[1]["unit"], 10) as quota:
         rc, out, slowed = perf_gate(tmp_path, "gate-slowed", **gate)
         throttled = quota.throttled_periods()
     assert throttled > 0
     assert rc != 0, out[-4000:]
-    floor = round(baseline["single_stream_tokens_per_s"] * 0.5, 2)
+    floor = round(baseline["single_stream_tokens_per_s"] * (1 - 0.6), 2)
     assert (f"Performance gate: host {HOST}, instance {b}: single_stream_tokens_per_s "
             f"{slowed[b]['single_stream_tokens_per_s']} is below the baseline "
-            f"{baseline['single_stream_tokens_per_s']} - 50 % ({floor})") in out, out[-4000:]
+            f"{baseline['single_stream_tokens_per_s']} - 60 % ({floor})") in out, out[-4000:]
     assert f"instance {a}:" not in out
     assert slowed[b]["single_stream_tokens_per_s"] < floor <= slowed[a]["single_stream_tokens_per_s"]
 
     rc, out, recovered = perf_gate(tmp_path, "gate-recovered", **gate)
     assert rc == 0, out[-4000:]
-    print("performance gate, single stream tokens/s (healthy / gate run / beta at 20 % of a CPU / recovered): "
+    print("performance gate, single stream tokens/s (healthy / gate run / beta at 10 % of a CPU / recovered): "
           + "; ".join(f"{n} {healthy[n]['single_stream_tokens_per_s']} / {passed[n]['single_stream_tokens_per_s']} / "
                       f"{slowed[n]['single_stream_tokens_per_s']} / {recovered[n]['single_stream_tokens_per_s']}"
-                      for n in (a, b)) + f"; baseline {baseline}, tolerance 50 %, {throttled} throttled periods")
+                      for n in (a, b)) + f"; baseline {baseline}, tolerance 60 %, {throttled} throttled periods")
 
 
 # --------------------------------------------------------------------------- lifecycle
