@@ -453,6 +453,24 @@ def test_the_front_door_passes_the_api_key_through(host):
     assert completion(host, port, SECRETS[0])[0] == 200
 
 
+def test_verify_fails_when_the_front_door_does_not_send_requests_to_an_instance(host, plan, tmp_path):
+    """An instance put in maintenance at the front door (by hand, or left drained by an interrupted restart) is
+    healthy on its own port, but gets no request: vllm_verify names it and its state; back in, verify passes."""
+    server = f"tiny/{plan[0]['name']}"
+    fast = {"vllm_verify_bench": False, "vllm_frontdoor_ready_timeout": 3}
+    assert haproxy(host, f"set server {server} state maint").strip() == ""
+    try:
+        rc, out, _figures = perf_gate(tmp_path, "frontdoor-maint", **fast)
+    finally:
+        haproxy(host, f"set server {server} state ready")
+    assert rc != 0
+    assert f"host {HOST}: front door servers not UP after 3 s: {server} is MAINT" in out, out[-3000:]
+    assert f"tiny/{plan[1]['name']} is" not in out
+    rc, out, _figures = perf_gate(tmp_path, "frontdoor-ready", **fast)
+    assert rc == 0, out[-3000:]
+    assert "Check every front door answers for its model" in out
+
+
 # --------------------------------------------------------------------------- the performance gate
 
 class CpuQuota:
