@@ -1,5 +1,5 @@
 # Apache License 2.0 (see LICENSE)
-"""Filter ``vllm_prometheus_targets``: Prometheus file_sd target groups of the planned instances.
+"""Filter ``vllm_prometheus_targets``: Prometheus file_sd target groups of the planned instances and front doors.
 
 The logic lives in ``plugins/plugin_utils/metrics_targets.py``.
 """
@@ -11,7 +11,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.metrics_targets impo
 
 
 def vllm_prometheus_targets(hosts, scraper=None):
-    """Target groups of every host's planned instances; see vllm_prometheus_targets.yml."""
+    """Target groups of every host's planned instances and front doors; see vllm_prometheus_targets.yml."""
     try:
         return file_sd_targets(hosts, scraper=scraper)
     except (ValueError, KeyError, TypeError) as exc:

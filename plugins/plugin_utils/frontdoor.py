@@ -1,9 +1,9 @@
 # Apache License 2.0 (see LICENSE)
 """The front doors of one host: one listener per served model, its backends the host's instances of it.
 
-``plan_frontdoors(instances, models, bind_address, stride)`` reads the plan's instances (after
-placement and unit content: ``port``, ``url``, ``vllm_port``, ``multinode``) and the normalised
-models (``frontdoor_port``) and returns ``(frontdoors, problems)``. A model gets a front door on a
+``plan_frontdoors(instances, models, bind_address, stride, metrics_port=0)`` reads the plan's instances
+(after placement and unit content: ``port``, ``url``, ``vllm_port``, ``multinode``) and the normalised
+models (``frontdoor_port``) and returns ``(frontdoors, metrics, problems)``. A model gets a front door on a
 host when it sets ``frontdoor_port`` and at least one of the host's instances serves its API (a
 headless rank of a multi-node instance serves none: its ``url`` is None). The front door's port must
 not be an instance's HTTP port, lie in an instance's ``VLLM_PORT`` range, be the ``master_port`` of
@@ -11,7 +11,12 @@ a multi-node instance whose rank 0 is this host, or be another model's front doo
 one model behind one front door must serve the same names (a client asking the front door for a name
 must get it from every backend). Each problem names the variable and the fix; the caller adds the host.
 
-The role ``vllm_frontdoor`` renders HAProxy's configuration from ``frontdoors`` alone.
+``metrics`` is the one metrics listener of the host's HAProxy (it serves every front door of the host):
+``{"bind_address", "port", "url"}`` (``url`` ends in ``/metrics``, where the host itself reaches it), or
+None when the host has no front door or ``metrics_port`` is 0. Its port must be none of the ports above
+(an instance's, a ``VLLM_PORT`` range, a master port, a front door's).
+
+The role ``vllm_frontdoor`` renders HAProxy's configuration from ``frontdoors`` and ``metrics`` alone.
 """
 from __future__ import annotations
 
@@ -50,8 +55,8 @@ def _taken(instances, stride):
     return out
 
 
-def plan_frontdoors(instances, models, bind_address, stride):
-    """``(frontdoors, problems)`` of one host; see the module docstring."""
+def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):
+    """``(frontdoors, metrics, problems)`` of one host; see the module docstring."""
     problems = []
     by_model = {}
     for inst in instances:
@@ -92,4 +97,21 @@ def plan_frontdoors(instances, models, bind_address, stride):
             "backends": [{"instance": i["name"], "unit": i["unit"], "address": connect_host(i["bind_address"]),
                           "port": i["port"], "url": i["url"]} for i in insts],
         })
-    return frontdoors, problems
+    metrics, metrics_problems = _metrics(frontdoors, taken, bind_address, metrics_port)
+    return frontdoors, metrics, problems + metrics_problems
+
+
+def _metrics(frontdoors, taken, bind_address, port):
+    """The metrics listener of the host's HAProxy (or None) and its problems."""
+    where = "vllm_frontdoor_metrics_port"
+    if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535):
+        return None, [f"{where} is {port!r}; use a TCP port number 1-65535, or 0 for no metrics listener"]
+    if not frontdoors or port == 0:
+        return None, []
+    problems = [f"{where} is {port}, which is {what}; give the front doors' metrics listener a port no instance uses"
+                for low, high, what in taken if low <= port <= high]
+    problems += [f"{where} is {port}, which is the front door of model '{fd['model']}' "
+                 f"(vllm_models.{fd['model']}.frontdoor_port); give the metrics listener another port"
+                 for fd in frontdoors if fd["port"] == port]
+    return {"bind_address": bind_address, "port": port,
+            "url": _url(connect_host(bind_address), port) + "/metrics"}, problems

@@ -84,6 +84,10 @@ PLAN_INPUTS = {
     "vllm_frontdoor_bind_address": ("frontdoor_bind_address", "",
                                     "Address the front doors (C(frontdoor_port) of C(vllm_models)) listen on; "
                                     "empty: C(vllm_service_host)."),
+    "vllm_frontdoor_metrics_port": ("frontdoor_metrics_port", 9101,
+                                    "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, "
+                                    "C(/metrics); one per host with a front door, on C(vllm_frontdoor_bind_address)); "
+                                    "0: none."),
     "vllm_service_idle_max_mib": ("idle_max_mib", IDLE_MAX_MIB,
                                   "Most MiB a GPU may show and count as idle: before an instance starts on it, "
                                   "and for GPUs outside the plan in the footprint check."),
@@ -135,6 +139,13 @@ def plan_inputs(inputs):
         out["unit_prefix"] = out["plan_options"]["unit_prefix"]
     out["plan_options"] = opts
     return out
+
+
+def _port_input(value):
+    """An int from the inventory (a digit string from -e or a template too); anything else unchanged."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return value
 
 
 def _url(host, port):
@@ -234,8 +245,9 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
             if mn["headless"]:
                 out[-1]["url"] = None  # a headless rank serves no API; rank 0's url is the instance's
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
-    frontdoors, fd_problems = plan_frontdoors(out, norm["models"], opts["frontdoor_bind_address"] or opts["host"],
-                                              opts["vllm_port_stride"])
+    frontdoors, frontdoor_metrics, fd_problems = plan_frontdoors(
+        out, norm["models"], opts["frontdoor_bind_address"] or opts["host"], opts["vllm_port_stride"],
+        _port_input(opts["frontdoor_metrics_port"]))
     problems += fd_problems
     if problems:
         raise PlanContractError(problems, host)
@@ -253,6 +265,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "instances": out,
         "footprint": footprint if gpu else None,
         "frontdoors": frontdoors,
+        "frontdoor_metrics": frontdoor_metrics,
         "paths": {"venv": venv, "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
                   "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},

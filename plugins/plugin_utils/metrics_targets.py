@@ -3,7 +3,9 @@
 
 ``file_sd_targets(hosts)`` turns the plans of several hosts into the list Prometheus reads from a
 ``file_sd_configs`` file, the format the ``prometheus.prometheus`` collection's ``prometheus_targets``
-writes: one target group per instance, ``{"targets": ["<address>:<port>"], "labels": {...}}``.
+writes: one target group per instance, ``{"targets": ["<address>:<port>"], "labels": {...}}``, then one
+per host with front doors (the plan's ``frontdoor_metrics``: HAProxy's exporter, which serves the
+metrics of every front door of the host).
 
 ``hosts`` maps each inventory host to ``{"plan": <its vllm_plan>, "address": <how Prometheus reaches
 the host>, "vllm_version": <installed version or None>}``. The target address is the instance's bind
@@ -15,6 +17,13 @@ Labels: ``instance`` (``<host>/<instance>``: unique across the fleet, instead of
 ``<address>:<port>``), ``host``, ``vllm_instance``, ``unit``, ``model`` (the first served name),
 ``repo_id``, ``revision``, ``gpus`` (indices, ``0,1``), ``numa_node``, ``tensor_parallel_size``,
 ``vllm_version``. Label values are strings, as Prometheus wants them.
+
+A front door group's labels: ``instance`` (``<host>/_frontdoor``: no instance has that name, as names
+start with a letter or digit), ``host``, ``inferops_role`` (``frontdoor``; instance groups have no such
+label), ``models`` (the model keys it fronts, comma-separated: HAProxy's own ``proxy`` label of each
+front door), ``served_model_names`` (the first served name of each, in the same order) and
+``frontdoor_ports``. Its target follows the rules of the instances' (bind address; wildcard: ``address``).
+Instance groups come first, in host order, then the front door groups in host order.
 """
 from __future__ import annotations
 
@@ -28,11 +37,33 @@ def _hostport(address, port):
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def _frontdoor_group(host, plan, address, scraper, warnings):
+    """The target group of the host's front doors' metrics listener, or None."""
+    metrics = plan.get("frontdoor_metrics")
+    frontdoors = plan.get("frontdoors") or []
+    if not metrics or not frontdoors:
+        return None
+    bind = metrics["bind_address"]
+    target = address if bind in _WILDCARD else bind
+    if bind in _LOOPBACK and scraper not in (None, host):
+        warnings.append(f"host {host}: the front doors' metrics listener binds {bind}, so the Prometheus on {scraper} "
+                        "cannot scrape it; set vllm_frontdoor_bind_address to an address that host reaches")
+    labels = {
+        "instance": f"{host}/_frontdoor",
+        "host": host,
+        "inferops_role": "frontdoor",
+        "models": ",".join(fd["model"] for fd in frontdoors),
+        "served_model_names": ",".join(fd["served_model_name"] for fd in frontdoors),
+        "frontdoor_ports": ",".join(str(fd["port"]) for fd in frontdoors),
+    }
+    return {"targets": [_hostport(target, metrics["port"])], "labels": labels}
+
+
 def file_sd_targets(hosts, scraper=None):
     """``{"targets": [target groups], "warnings": [...]}``, hosts and instances in a stable order."""
     if not isinstance(hosts, dict):
         raise ValueError(f"the input must be a dict: host -> {{plan, address, vllm_version}}, got {type(hosts).__name__}")
-    groups, warnings = [], []
+    groups, frontdoor_groups, warnings = [], [], []
     for host in sorted(hosts):
         entry = hosts[host]
         plan = (entry or {}).get("plan") if isinstance(entry, dict) else None
@@ -63,4 +94,7 @@ def file_sd_targets(hosts, scraper=None):
                 "vllm_version": str(version) if version else "unknown",
             }
             groups.append({"targets": [_hostport(target, inst["port"])], "labels": labels})
-    return {"targets": groups, "warnings": warnings}
+        frontdoor = _frontdoor_group(host, plan, address, scraper, warnings)
+        if frontdoor:
+            frontdoor_groups.append(frontdoor)
+    return {"targets": groups + frontdoor_groups, "warnings": warnings}

@@ -26,7 +26,8 @@ PLAYBOOK = """
           gpus: "{{ gpus }}"
           footprint: "{{ footprint }}"
           bench: [{vllm_verify_instance: {name: chat-a}, single_stream_tokens_per_s: 84.2,
-                   throughput_tokens_per_s: 2510.4, concurrency: 4}]
+                   throughput_tokens_per_s: 2510.4, concurrency: 4, ttft_p50_ms: 40.5, ttft_p99_ms: 90.25,
+                   tpot_p50_ms: 11.9, tpot_p99_ms: 12.5}]
       when: inventory_hostname == 'seed'
     - name: Write the report
       ansible.builtin.include_role:
@@ -90,6 +91,14 @@ def test_report_renders_rows_and_gpu_grid(tmp_path):
     assert "| chat-a | org/big-moe @ aaaaaaaaaaaa | 0,1,2,3 | 0 | 4 x 1 |" in rows[0], rows[0]
     assert "| chat-b | org/big-moe @ aaaaaaaaaaaa | 4,5,6,7 | 1 | 4 x 1 |" in rows[1], rows[1]
     assert "84.2" in rows[0] and "2510.4 (x4)" in rows[0]
+    # the benchmark's latencies, as in the HTML report; chat-b has no benchmark: dashes
+    header = next(line for line in md.splitlines() if line.startswith("| host |"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    assert cells[-2:] == ["TTFT p50/p99 ms", "TPOT p50/p99 ms"], header
+    assert rows[0].endswith("| 2510.4 (x4) | 40.5 / 90.25 | 11.9 / 12.5 |"), rows[0]
+    assert rows[1].endswith("| - | - | - / - | - / - |"), rows[1]
+    for line in rows + [header, next(line for line in md.splitlines() if line.startswith("| broken |"))]:
+        assert len(line.strip("|").split("|")) == len(cells), line
     assert "| ok |" in rows[0] and "**footprint off**" in rows[1]
     assert "| broken | - |" in md and "not verified" in md
     assert "NUMA 0: [GPU0=chat-a GPU1=chat-a GPU2=chat-a GPU3=chat-a]" in md

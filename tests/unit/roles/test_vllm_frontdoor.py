@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 from ansible.parsing.dataloader import DataLoader
@@ -52,9 +56,11 @@ def render(template, fd_plan, **knobs):
     variables.update(loader.load_from_file(os.path.join(ROLE, "vars", "main.yml"), trusted_as_template=True))
     variables.update(knobs)
     frontdoors = fd_plan["frontdoors"]
+    metrics = fd_plan.get("frontdoor_metrics")
     variables.update({"vllm_frontdoor_plan": fd_plan, "vllm_frontdoor__frontdoors": frontdoors,
-                      "vllm_frontdoor__systemd_version": 252,
-                      "vllm_frontdoor__low_port": any(fd["port"] < 1024 for fd in frontdoors)})
+                      "vllm_frontdoor__metrics": metrics, "vllm_frontdoor__systemd_version": 252,
+                      "vllm_frontdoor__low_port": any(fd["port"] < 1024 for fd in frontdoors)
+                      or (metrics or {}).get("port", 1024) < 1024})
     src = os.path.join(ROLE, "templates", template)
     variables.update(generate_ansible_template_vars(path=template, fullpath=src, dest_path=None))
     with open(src) as fh:
@@ -158,10 +164,49 @@ def test_a_master_port_is_refused_as_front_door_on_its_rank_0_host():
     assert "the master_port of instance 'm2'" in str(err.value)
 
 
+def test_one_metrics_listener_per_host_with_front_doors_where_the_front_doors_listen():
+    p = plan([{"name": "a", "model": "tiny"}, {"name": "b", "model": "other"}])
+    assert p["frontdoor_metrics"] == {"bind_address": "127.0.0.1", "port": 9101,
+                                      "url": "http://127.0.0.1:9101/metrics"}
+    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="0.0.0.0", vllm_frontdoor_metrics_port=9200)
+    assert p["frontdoor_metrics"] == {"bind_address": "0.0.0.0", "port": 9200, "url": "http://127.0.0.1:9200/metrics"}
+    p = plan([{"name": "a", "model": "tiny"}], vllm_frontdoor_bind_address="::", vllm_frontdoor_metrics_port="9300")
+    assert p["frontdoor_metrics"] == {"bind_address": "::", "port": 9300, "url": "http://[::1]:9300/metrics"}
+    # 0: none; no front door on the host: none (no HAProxy runs there)
+    assert plan([{"name": "a", "model": "tiny"}], vllm_frontdoor_metrics_port=0)["frontdoor_metrics"] is None
+    assert plan([{"name": "a", "model": "plain"}])["frontdoor_metrics"] is None
+    assert plan([{"name": "a", "model": "plain", "port": 9101}])["frontdoor_metrics"] is None
+
+
+def test_a_metrics_port_in_use_is_refused_naming_host_variable_and_fix():
+    text = refused([{"name": "a", "model": "tiny", "port": 9101}])
+    assert "host node-1" in text and ("vllm_frontdoor_metrics_port is 9101, which is the HTTP port of instance 'a'; "
+                                      "give the front doors' metrics listener a port no instance uses") in text
+    text = refused([{"name": "a", "model": "tiny", "vllm_port": 9050}])
+    assert "vllm_frontdoor_metrics_port is 9101, which is the VLLM_PORT range 9050-9149 of instance 'a'" in text
+    text = refused([{"name": "a", "model": "tiny"}, {"name": "b", "model": "other"}], vllm_frontdoor_metrics_port=9001)
+    assert ("vllm_frontdoor_metrics_port is 9001, which is the front door of model 'other' "
+            "(vllm_models.other.frontdoor_port); give the metrics listener another port") in text
+    # the default VLLM_PORT ranges (20000 + 100 per instance)
+    text = refused([{"name": "a", "model": "tiny"}], vllm_frontdoor_metrics_port=20042)
+    assert "VLLM_PORT range 20000-20099 of instance 'a'" in text
+    for bad in (70000, -1, "x", True, 9101.5):
+        text = refused([{"name": "a", "model": "tiny"}], vllm_frontdoor_metrics_port=bad)
+        assert f"vllm_frontdoor_metrics_port is {bad!r}; use a TCP port number 1-65535, or 0 for no metrics" in text
+
+
+def test_a_master_port_is_refused_as_metrics_port_on_its_rank_0_host():
+    models = {"minimax-m2": {"repo_id": "MiniMaxAI/MiniMax-M2", "revision": SHA, "frontdoor_port": 9000}}
+    with pytest.raises(PlanContractError) as err:
+        plan_of("seed-1", [dict(BIG, master_port=9101)], models=models, fleet=fleet_of(["seed-1", "seed-2"]))
+    assert "vllm_frontdoor_metrics_port is 9101, which is the master_port of instance 'm2'" in str(err.value)
+
+
 def test_the_documented_keys_and_inputs():
     with open(os.path.join(ROOT, "docs", "plan.md")) as fh:
         text = fh.read()
     assert "`frontdoor_port`" in text and "`vllm_frontdoor_bind_address`" in text and "`frontdoors`" in text
+    assert "`vllm_frontdoor_metrics_port`" in text and "`frontdoor_metrics`" in text
     # the role reads the plan only: no plan input is one of its variables
     assert not set(load_yaml("roles", "vllm_frontdoor", "defaults", "main.yml")) & set(PLAN_INPUTS)
 
@@ -181,12 +226,20 @@ def test_the_configuration_has_one_frontend_and_backend_per_model(tmp_path):
     assert sec["frontend other"] == ["bind 127.0.0.1:9001", "default_backend other"]
     assert "stats socket /run/inferops-vllm-frontdoor/admin.sock mode 600 level admin expose-fd listeners" in sec["global"]
     assert "timeout server 10m" in sec["defaults"] and "option redispatch" in sec["defaults"]
-    # nothing touches the request's headers: the API key reaches the instances as the client sent it; the one
-    # response header added names the instance that answered
-    assert not re.search(r"^\s*(http-request|reqrep|reqdel|reqidel|option forwardfor)\b|Authorization", text, re.M)
-    assert re.findall(r"^\s*http-response .*", text, re.M) == ["    http-response set-header X-Inferops-Instance %s"] * 2
+    # nothing touches the requests to the models: the API key reaches the instances as the client sent it; the
+    # one response header added names the instance that answered
+    models_only = text.split("\nfrontend _metrics\n", 1)[0]
+    assert not re.search(r"^\s*(http-request|reqrep|reqdel|reqidel|option forwardfor)\b|Authorization",
+                         models_only, re.M)
+    assert re.findall(r"^\s*http-response .*", models_only, re.M) == ["    http-response set-header X-Inferops-Instance %s"] * 2
+    # the metrics of every front door: HAProxy's exporter on /metrics, where the front doors listen
+    assert sec["frontend _metrics"] == ["bind 127.0.0.1:9101", "option dontlog-normal",
+                                        "http-request use-service prometheus-exporter if { path /metrics }",
+                                        "http-request return status 404"]
+    assert list(sec)[-1] == "frontend _metrics"
     if HAPROXY:
-        haproxy_check(tmp_path, text)
+        out = haproxy_check(tmp_path, text)
+        assert "WARNING" not in out.stdout + out.stderr, out.stdout + out.stderr
 
 
 def test_no_served_by_header_when_it_is_empty(tmp_path):
@@ -194,7 +247,55 @@ def test_no_served_by_header_when_it_is_empty(tmp_path):
     text = render("frontdoor.cfg.j2", p, vllm_frontdoor_served_by_header="")
     assert "http-response" not in text
     if HAPROXY:
-        haproxy_check(tmp_path, text)
+        out = haproxy_check(tmp_path, text)
+        assert "WARNING" not in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_no_metrics_listener_when_the_port_is_0():
+    text = render("frontdoor.cfg.j2", plan([{"name": "a", "model": "tiny"}], vllm_frontdoor_metrics_port=0))
+    assert "_metrics" not in text and "prometheus-exporter" not in text
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+@needs_haproxy
+def test_a_running_haproxy_serves_its_metrics_and_404_elsewhere(tmp_path):
+    """haproxy -c accepts use-service; this runs it: /metrics has the front doors' counters, / is 404."""
+    fd_port, metrics_port = _free_port(), _free_port()
+    models = {"tiny": dict(MODELS["tiny"], frontdoor_port=fd_port)}
+    p = plan([{"name": "a", "model": "tiny", "port": _free_port()}], models, vllm_frontdoor_metrics_port=metrics_port)
+    text = render("frontdoor.cfg.j2", p)
+    cfg = tmp_path / "run.cfg"
+    cfg.write_text("\n".join(line for line in text.splitlines() if "stats socket" not in line) + "\n")
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url, status, body = p["frontdoor_metrics"]["url"], None, ""
+        for _attempt in range(50):
+            try:
+                status, body = _get(url)
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert status == 200 and 'haproxy_frontend_http_requests_total{proxy="tiny"} 0' in body
+        assert _get(f"http://127.0.0.1:{fd_port}/v1/models")[0] == 503  # its one backend is down
+        assert 'haproxy_frontend_http_requests_total{proxy="tiny"} 1' in _get(url)[1]
+        assert _get(url.replace("/metrics", "/"))[0] == 404
+        assert _get(url.replace("/metrics", "/stats"))[0] == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 @needs_haproxy
@@ -234,6 +335,9 @@ def test_the_unit_is_hardened_and_unprivileged():
     low = plan([{"name": "a", "model": "tiny"}], dict(MODELS, tiny=dict(MODELS["tiny"], frontdoor_port=80)))
     unit = directives(render("frontdoor.service.j2", low))
     assert unit["CapabilityBoundingSet"] == ["CAP_NET_BIND_SERVICE"] == unit["AmbientCapabilities"]
+    low = plan([{"name": "a", "model": "tiny"}], vllm_frontdoor_metrics_port=910)
+    unit = directives(render("frontdoor.service.j2", low))
+    assert unit["CapabilityBoundingSet"] == ["CAP_NET_BIND_SERVICE"] == unit["AmbientCapabilities"]
 
 
 # --------------------------------------------------------------------------- the property
@@ -246,14 +350,17 @@ ports = st.integers(1, 65535)
 @given(fd_ports=st.lists(st.one_of(st.none(), ports), min_size=1, max_size=3),
        instances=st.lists(st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(1024, 65000))),
                           min_size=1, max_size=4),
-       host_addr=st.sampled_from(["127.0.0.1", "0.0.0.0", "::", "::1"]))
-def test_every_accepted_plan_renders_a_configuration_haproxy_accepts(tmp_path, fd_ports, instances, host_addr):
+       host_addr=st.sampled_from(["127.0.0.1", "0.0.0.0", "::", "::1"]),
+       metrics_port=st.one_of(st.just(0), st.just(9101), st.integers(1, 65535)))
+def test_every_accepted_plan_renders_a_configuration_haproxy_accepts(tmp_path, fd_ports, instances, host_addr,
+                                                                     metrics_port):
     models = {f"m{i}": {"repo_id": f"org/m{i}", "revision": SHA, "frontdoor_port": port}
               for i, port in enumerate(fd_ports)}
     insts = [dict({"name": f"i{n}", "model": f"m{m % len(fd_ports)}"}, **({"port": port} if port else {}))
              for n, (m, port) in enumerate(instances)]
     try:
-        p = build_plan(models, insts, CPU, {"vllm_preflight_gpu": False, "vllm_service_host": host_addr}, host="h")
+        p = build_plan(models, insts, CPU, {"vllm_preflight_gpu": False, "vllm_service_host": host_addr,
+                                            "vllm_frontdoor_metrics_port": metrics_port}, host="h")
     except PlanContractError:
         return
     served = {i["model"]["key"] for i in p["instances"]}
@@ -263,7 +370,13 @@ def test_every_accepted_plan_renders_a_configuration_haproxy_accepts(tmp_path, f
         assert fd["port"] not in used
         assert [b["instance"] for b in fd["backends"]] == [i["name"] for i in p["instances"]
                                                            if i["model"]["key"] == fd["model"]]
+    metrics = p["frontdoor_metrics"]
+    assert (metrics is not None) == bool(p["frontdoors"] and metrics_port)
+    if metrics:
+        assert metrics["port"] == metrics_port and metrics["port"] not in used | {fd["port"] for fd in p["frontdoors"]}
+        assert not any(i["vllm_port"] <= metrics_port < i["vllm_port"] + 100 for i in p["instances"])
     text = render("frontdoor.cfg.j2", p)
+    assert text.count("use-service prometheus-exporter") == (1 if metrics else 0)
     servers = re.findall(r"^    server (\S+) ", text, re.M)
     assert servers == [b["instance"] for fd in p["frontdoors"] for b in fd["backends"]]
     if HAPROXY and p["frontdoors"]:

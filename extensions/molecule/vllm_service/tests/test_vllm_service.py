@@ -344,15 +344,20 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
     """Metrics targets (issue 15): the role wrote the file_sd file (vllm_service_prometheus_file_sd_host); a real
     Prometheus (Debian's package on the controller, run in the test host's network namespace, where the
     instances listen on 127.0.0.1) reads that file and scrapes every instance: vLLM's request and KV-cache
-    gauges arrive with the plan's labels."""
+    gauges arrive with the plan's labels; and the front door's metrics listener (HAProxy's exporter, the last
+    group of the file): its request counter of model tiny arrives with the front door's labels."""
     path = VARS["vllm_service_prometheus_file_sd_path"]
     f = host.file(path)
     assert f.user == "root" and f.mode == 0o644
     groups = yaml.safe_load(f.content_string)
     version = os.path.basename(host.check_output("readlink -f /opt/inferops/vllm/current")).split("-")[0]
     assert [(g["targets"], g["labels"]["vllm_instance"], g["labels"]["gpus"], g["labels"]["vllm_version"])
-            for g in groups] == [([f"127.0.0.1:{i['port']}"], i["name"], ",".join(map(str, i["gpus"])), version)
-                                 for i in plan]
+            for g in groups[:-1]] == [([f"127.0.0.1:{i['port']}"], i["name"], ",".join(map(str, i["gpus"])), version)
+                                      for i in plan]
+    fd_port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
+    assert groups[-1] == {"targets": [f"127.0.0.1:{host_plan['frontdoor_metrics']['port']}"], "labels": {
+        "instance": f"{host_plan['host']}/_frontdoor", "host": host_plan["host"], "inferops_role": "frontdoor",
+        "models": "tiny", "served_model_names": "tiny-llama", "frontdoor_ports": str(fd_port)}}
     pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", HOST], capture_output=True, text=True,
                          check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
@@ -368,7 +373,7 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
                                     stdout=subprocess.DEVNULL, stderr=log_fh)
         try:
             want = {i["name"] for i in plan}
-            seen = {}
+            seen, frontdoor = {}, {}
             for _attempt in range(90):
                 for metric in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
                     out = host.run(f"curl -sf --get --data-urlencode 'query={metric}' "
@@ -376,7 +381,13 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
                     if out.rc == 0:
                         series = json.loads(out.stdout)["data"]["result"]
                         seen[metric] = {r["metric"].get("vllm_instance"): r["metric"] for r in series}
-                if all(set(seen.get(m, {})) == want for m in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc")):
+                out = host.run("curl -sf --get --data-urlencode 'query=haproxy_frontend_http_requests_total' "
+                               "http://127.0.0.1:19090/api/v1/query")
+                if out.rc == 0:
+                    series = json.loads(out.stdout)["data"]["result"]
+                    frontdoor = {r["metric"].get("proxy"): r["metric"] for r in series}
+                if all(set(seen.get(m, {})) == want for m in ("vllm:num_requests_running", "vllm:kv_cache_usage_perc")) \
+                        and "tiny" in frontdoor:
                     break
                 host.run("sleep 1")
             with open(log_path) as fh:
@@ -386,6 +397,9 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
             labels = seen["vllm:num_requests_running"][plan[0]["name"]]
             assert labels["instance"] == f"{host_plan['host']}/{plan[0]['name']}" and labels["job"] == "vllm"
             assert labels["revision"] == VARS["vllm_models"]["tiny"]["revision"] and labels["numa_node"] == "0"
+            assert "tiny" in frontdoor, (frontdoor, log)
+            assert frontdoor["tiny"]["instance"] == f"{host_plan['host']}/_frontdoor"
+            assert frontdoor["tiny"]["inferops_role"] == "frontdoor" and frontdoor["tiny"]["job"] == "vllm"
         finally:
             prom.terminate()
             prom.wait(timeout=30)

@@ -76,3 +76,69 @@ def test_headless_ranks_are_left_out():
 def test_bad_input_is_named(bad, text):
     with pytest.raises(AnsibleFilterError, match=text):
         vllm_prometheus_targets(bad)
+
+
+# --------------------------------------------------------------------------- the front doors' metrics listener
+
+FD_MODELS = {"m": dict(MODELS["m"], frontdoor_port=9000),
+             "n": {"repo_id": "org/Other", "revision": MODELS["m"]["revision"], "frontdoor_port": 9001}}
+
+
+def fd_plan(shape, instances, **inputs):
+    with open(os.path.join(ROOT, "tests", "unit", "data", "hosts", shape + ".json")) as fh:
+        facts = json.load(fh)
+    return build_plan(FD_MODELS, instances, facts, inputs, host=shape)
+
+
+FD_SEED = fd_plan("seed-8x-rtxpro6000", [{"name": "a", "model": "m", "tensor_parallel_size": 4, "numa_node": 0},
+                                         {"name": "b", "model": "n", "tensor_parallel_size": 4, "numa_node": 1}],
+                  vllm_service_host="0.0.0.0")
+FD_L40S = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}, {"name": "d", "model": "m"}])
+
+
+def test_one_front_door_group_per_host_after_every_instance_group():
+    hosts = {"seed-1": {"plan": FD_SEED, "address": "10.0.0.5", "vllm_version": "0.32.0"}, "l40s-1": {"plan": FD_L40S}}
+    out = vllm_prometheus_targets(hosts)
+    groups = out["targets"]
+    assert [g["labels"]["instance"] for g in groups] == [
+        "l40s-1/c", "l40s-1/d", "seed-1/a", "seed-1/b", "l40s-1/_frontdoor", "seed-1/_frontdoor"]
+    # the instance groups are those of plans without front doors: same targets, same labels, same order
+    plain = {h: dict(e, plan={k: v for k, v in e["plan"].items() if k not in ("frontdoors", "frontdoor_metrics")})
+             for h, e in hosts.items()}
+    assert groups[:4] == vllm_prometheus_targets(plain)["targets"]
+    assert groups[5] == {"targets": ["10.0.0.5:9101"], "labels": {
+        "instance": "seed-1/_frontdoor", "host": "seed-1", "inferops_role": "frontdoor", "models": "m,n",
+        "served_model_names": "model-7b,org/Other", "frontdoor_ports": "9000,9001"}}
+    assert groups[4] == {"targets": ["127.0.0.1:9101"], "labels": {
+        "instance": "l40s-1/_frontdoor", "host": "l40s-1", "inferops_role": "frontdoor", "models": "m",
+        "served_model_names": "model-7b", "frontdoor_ports": "9000"}}
+    for group in groups:
+        assert all(isinstance(v, str) for v in group["labels"].values())
+    assert yaml.safe_load(yaml.safe_dump(groups)) == groups
+
+
+def test_the_front_door_target_is_its_bind_address_and_port():
+    p = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_service_host="0.0.0.0",
+                vllm_frontdoor_bind_address="::1", vllm_frontdoor_metrics_port=9200)
+    assert vllm_prometheus_targets({"h": {"plan": p}})["targets"][-1]["targets"] == ["[::1]:9200"]
+    p = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_frontdoor_bind_address="::")
+    assert vllm_prometheus_targets({"h": {"plan": p, "address": "h.example"}})["targets"][-1]["targets"] == [
+        "h.example:9101"]
+
+
+def test_no_front_door_group_without_a_metrics_listener_or_front_door():
+    off = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_frontdoor_metrics_port=0)
+    assert off["frontdoors"] and off["frontdoor_metrics"] is None
+    assert [g["labels"]["instance"] for g in vllm_prometheus_targets({"h": {"plan": off}})["targets"]] == ["h/c"]
+    assert len(vllm_prometheus_targets({"h": {"plan": L40S}})["targets"]) == 1
+    # a plan written before front doors had metrics (no frontdoor_metrics key): its instances only
+    old = {k: v for k, v in FD_L40S.items() if k != "frontdoor_metrics"}
+    assert len(vllm_prometheus_targets({"h": {"plan": old}})["targets"]) == 2
+
+
+def test_a_loopback_front_door_on_another_host_than_prometheus_is_named():
+    out = vllm_prometheus_targets({"l40s-1": {"plan": FD_L40S}}, scraper="monitor-1")
+    assert out["warnings"][-1] == ("host l40s-1: the front doors' metrics listener binds 127.0.0.1, so the Prometheus "
+                                   "on monitor-1 cannot scrape it; set vllm_frontdoor_bind_address to an address that "
+                                   "host reaches")
+    assert vllm_prometheus_targets({"seed-1": {"plan": FD_SEED}}, scraper="monitor-1")["warnings"] == []
