@@ -1,11 +1,13 @@
 """Clients of a model's front door during the rollout (side_effect.yml starts it, tests/test_fleet.py reads it).
 
 Real OpenAI-client requests (the `openai` package of the vLLM venv that serves before the rollout), in
-CLIENTS threads, each in a loop: one completion, a short pause, the next. Every request is one JSON line in
+CLIENTS threads, each in a loop: one completion, a pause of PAUSE seconds, the next (a steady load, not a
+flood: at 0.2 s two clients sent ~8 requests/s and kept both of this 2-core machine's CPUs busy, which
+slowed the rollout under test more than twofold). Every request is one JSON line in
 LOG: when it started, how long it took, whether it succeeded, and which instance answered (the front door's
 X-Inferops-Instance response header), or the error.
 
-    python openai_clients.py URL API_KEY MODEL LOG [CLIENTS]
+    python openai_clients.py URL API_KEY MODEL LOG [CLIENTS [PAUSE]]
 """
 import json
 import sys
@@ -16,6 +18,7 @@ import openai
 
 URL, KEY, MODEL, LOG = sys.argv[1:5]
 CLIENTS = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+PAUSE = float(sys.argv[6]) if len(sys.argv) > 6 else 1.0
 LOCK = threading.Lock()
 
 
@@ -36,7 +39,7 @@ def client(number, out):
         with LOCK:
             out.write(json.dumps(record) + "\n")
             out.flush()
-        time.sleep(0.2)
+        time.sleep(PAUSE)
 
 
 def main():
