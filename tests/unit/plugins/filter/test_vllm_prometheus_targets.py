@@ -16,10 +16,10 @@ MODELS = {"m": {"repo_id": "org/Model-7B", "revision": "0123456789abcdef01234567
                 "served_model_name": "model-7b"}}
 
 
-def plan(shape, instances, **inputs):
+def plan(shape, instances, models=None, **inputs):
     with open(os.path.join(ROOT, "tests", "unit", "data", "hosts", shape + ".json")) as fh:
         facts = json.load(fh)
-    return build_plan(MODELS, instances, facts, inputs, host=shape)
+    return build_plan(models or MODELS, instances, facts, inputs, host=shape)
 
 
 SEED = plan("seed-8x-rtxpro6000", [{"name": "a", "model": "m", "tensor_parallel_size": 4, "numa_node": 0},
@@ -84,16 +84,10 @@ FD_MODELS = {"m": dict(MODELS["m"], frontdoor_port=9000),
              "n": {"repo_id": "org/Other", "revision": MODELS["m"]["revision"], "frontdoor_port": 9001}}
 
 
-def fd_plan(shape, instances, **inputs):
-    with open(os.path.join(ROOT, "tests", "unit", "data", "hosts", shape + ".json")) as fh:
-        facts = json.load(fh)
-    return build_plan(FD_MODELS, instances, facts, inputs, host=shape)
-
-
-FD_SEED = fd_plan("seed-8x-rtxpro6000", [{"name": "a", "model": "m", "tensor_parallel_size": 4, "numa_node": 0},
-                                         {"name": "b", "model": "n", "tensor_parallel_size": 4, "numa_node": 1}],
-                  vllm_service_host="0.0.0.0")
-FD_L40S = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}, {"name": "d", "model": "m"}])
+FD_SEED = plan("seed-8x-rtxpro6000", [{"name": "a", "model": "m", "tensor_parallel_size": 4, "numa_node": 0},
+                                      {"name": "b", "model": "n", "tensor_parallel_size": 4, "numa_node": 1}],
+               FD_MODELS, vllm_service_host="0.0.0.0")
+FD_L40S = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}, {"name": "d", "model": "m"}], FD_MODELS)
 
 
 def test_one_front_door_group_per_host_after_every_instance_group():
@@ -118,16 +112,16 @@ def test_one_front_door_group_per_host_after_every_instance_group():
 
 
 def test_the_front_door_target_is_its_bind_address_and_port():
-    p = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_service_host="0.0.0.0",
-                vllm_frontdoor_bind_address="::1", vllm_frontdoor_metrics_port=9200)
+    p = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], FD_MODELS, vllm_service_host="0.0.0.0",
+             vllm_frontdoor_bind_address="::1", vllm_frontdoor_metrics_port=9200)
     assert vllm_prometheus_targets({"h": {"plan": p}})["targets"][-1]["targets"] == ["[::1]:9200"]
-    p = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_frontdoor_bind_address="::")
+    p = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], FD_MODELS, vllm_frontdoor_bind_address="::")
     assert vllm_prometheus_targets({"h": {"plan": p, "address": "h.example"}})["targets"][-1]["targets"] == [
         "h.example:9101"]
 
 
 def test_no_front_door_group_without_a_metrics_listener_or_front_door():
-    off = fd_plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_frontdoor_metrics_port=0)
+    off = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], FD_MODELS, vllm_frontdoor_metrics_port=0)
     assert off["frontdoors"] and off["frontdoor_metrics"] is None
     assert [g["labels"]["instance"] for g in vllm_prometheus_targets({"h": {"plan": off}})["targets"]] == ["h/c"]
     assert len(vllm_prometheus_targets({"h": {"plan": L40S}})["targets"]) == 1
