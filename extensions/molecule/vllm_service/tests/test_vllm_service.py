@@ -644,6 +644,42 @@ def test_no_request_through_the_front_door_fails_during_a_rollout_to_a_new_versi
           f"{end - start:.1f} s")
 
 
+def test_a_rollout_below_the_performance_baseline_rolls_the_host_back_without_a_failed_request(host, plan, tmp_path):
+    """Issue 15, the performance gate in a rollout: version C (another venv) is measured below the host class's
+    baseline (one no instance here reaches), so rollout.yml's verify fails after both instances restarted on it;
+    the host is rolled back to version B (current and both units, each restarted and gated again) and the rollout
+    fails naming the figure. The clients going through the front door the whole time see no failed request."""
+    venv_b = host.check_output("readlink -f /opt/inferops/vllm/current")
+    before = {i["unit"]: started_at(host, i["unit"]) for i in plan}
+    version_c = dict(VERSION_B, vllm_install_extra_packages=["tabulate==0.8.10"],
+                     vllm_verify_perf_baseline={"single_stream_tokens_per_s": 100000})
+    start_openai_clients(host, venv_b)
+    try:
+        host.run("sleep 5")
+        start = time.time()
+        rc, out = playbook("inferops.vllm.rollout", "--skip-tags", "vllm_weights", _timeout=1800,
+                           vllm_verify_report_dir=str(tmp_path / "reports"), **version_c)
+        end = time.time()
+        host.run("sleep 5")
+    finally:
+        records = stop_openai_clients(host)
+    assert rc != 0, out[-4000:]
+    assert re.search(rf"Performance gate: host {HOST}, instance \w+: single_stream_tokens_per_s [0-9.]+ is below "
+                     r"the baseline 100000", out), out[-4000:]
+    assert f"{HOST} was rolled back to its previous venv and is serving again" in out, out[-4000:]
+    assert host.check_output("readlink -f /opt/inferops/vllm/current") == venv_b
+    for entry in plan:
+        assert started_at(host, entry["unit"]) > before[entry["unit"]]
+        pid = show(host, entry["unit"], "MainPID")
+        assert host.file(f"/proc/{pid}/cmdline").content_string.startswith(venv_b + "/bin/python\0"), entry["unit"]
+    assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
+    failed = [r for r in records if not r["ok"]]
+    assert records and not failed, (len(records), failed[:5])
+    served = {i["name"]: sum(r["instance"] == i["name"] for r in records) for i in plan}
+    print(f"rollout.yml to version C below the baseline, rolled back to B: {len(records)} requests through the front "
+          f"door, 0 failed, per instance {served}; rollout.yml (upgrade, gate, rollback) took {end - start:.1f} s")
+
+
 # --------------------------------------------------------------------------- lifecycle
 
 def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):
