@@ -19,7 +19,7 @@ None when the host has no front door or ``metrics_port`` is 0. Its port must be 
 The role ``vllm_frontdoor`` renders HAProxy's configuration from ``frontdoors`` and ``metrics`` alone.
 
 ``server_states(show_stat)`` reads HAProxy's runtime answer to ``show stat`` (the filter
-``vllm_frontdoor_servers``): the one parser of that CSV for the role's drain, ready and check steps and the tests.
+``vllm_frontdoor_servers``): the one parser of that CSV for the role's ready and check steps and the tests.
 """
 from __future__ import annotations
 

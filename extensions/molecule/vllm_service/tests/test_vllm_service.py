@@ -101,6 +101,11 @@ def gpu_used(host):
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+def current_venv(host):
+    """The venv `current` points to (the one the units run)."""
+    return host.check_output("readlink -f /opt/inferops/vllm/current")
+
+
 def instances_without(name):
     return [i for i in VARS["vllm_instances"] if i["name"] != name]
 
@@ -177,7 +182,7 @@ def plan(host_plan):
 @pytest.fixture(scope="module")
 def specs(host, plan):
     # the unit names the venv that `current` points to; everything else is the plan's
-    python = host.check_output("readlink -f /opt/inferops/vllm/current") + "/bin/python"
+    python = current_venv(host) + "/bin/python"
     return {s["name"]: unit_view(s, python) for s in plan}
 
 
@@ -312,7 +317,7 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
     f = host.file(path)
     assert f.user == "root" and f.mode == 0o644
     groups = yaml.safe_load(f.content_string)
-    version = os.path.basename(host.check_output("readlink -f /opt/inferops/vllm/current")).split("-")[0]
+    version = os.path.basename(current_venv(host)).split("-")[0]
     assert [(g["targets"], g["labels"]["vllm_instance"], g["labels"]["gpus"], g["labels"]["vllm_version"])
             for g in groups[:-1]] == [([f"127.0.0.1:{i['port']}"], i["name"], ",".join(map(str, i["gpus"])), version)
                                       for i in plan]
@@ -588,6 +593,31 @@ def stop_openai_clients(host):
     return [json.loads(line) for line in host.file(CLIENTS_LOG).content_string.splitlines() if line]
 
 
+def rollout_under_load(host, tmp_path, lead, **version):
+    """rollout.yml with ``version``'s variables while the OpenAI clients (of the serving venv) go through the front
+    door, from ``lead`` seconds before it to ``lead`` seconds after it; returns (rc, output, start, end, records)."""
+    start_openai_clients(host, current_venv(host))
+    try:
+        host.run(f"sleep {lead}")
+        start = time.time()
+        # the scenario's model is seeded in place (prepare.yml) and no Hub is reachable: no weights stage
+        rc, out = playbook("inferops.vllm.rollout", "--skip-tags", "vllm_weights", _timeout=1800,
+                           vllm_verify_report_dir=str(tmp_path / "reports"), **version)
+        end = time.time()
+        host.run(f"sleep {lead}")
+    finally:
+        records = stop_openai_clients(host)
+    return rc, out, start, end, records
+
+
+def assert_restarted_on(host, plan, before, venv):
+    """Every planned unit started after ``before`` ({unit: start}) and runs ``venv``'s Python."""
+    for entry in plan:
+        assert started_at(host, entry["unit"]) > before[entry["unit"]], f"{entry['unit']} restarted"
+        pid = show(host, entry["unit"], "MainPID")
+        assert host.file(f"/proc/{pid}/cmdline").content_string.startswith(venv + "/bin/python\0"), entry["unit"]
+
+
 def test_no_request_through_the_front_door_fails_during_a_rollout_to_a_new_version(host, plan, tmp_path):
     """Issue 15, zero-downtime rollouts: two clients send real OpenAI-client completions through the front
     door of model tiny (alpha and beta behind port 9000) from 15 s before rollout.yml to 15 s after it. The
@@ -595,28 +625,16 @@ def test_no_request_through_the_front_door_fails_during_a_rollout_to_a_new_versi
     verifies the host (footprint, front door, a short benchmark). No request fails, both instances serve
     before, during and after, each is out of rotation a while during which the other one serves alone."""
     names = {i["name"] for i in plan}
-    venv_a = host.check_output("readlink -f /opt/inferops/vllm/current")
+    venv_a = current_venv(host)
     before = {i["unit"]: started_at(host, i["unit"]) for i in plan}
-    start_openai_clients(host, venv_a)
-    try:
-        host.run("sleep 15")
-        start = time.time()
-        # the scenario's model is seeded in place (prepare.yml) and no Hub is reachable: no weights stage
-        rc, out = playbook("inferops.vllm.rollout", "--skip-tags", "vllm_weights", _timeout=1800,
-                           vllm_verify_report_dir=str(tmp_path / "reports"), **VERSION_B)
-        end = time.time()
-        host.run("sleep 15")
-    finally:
-        records = stop_openai_clients(host)
+    rc, out, start, end, records = rollout_under_load(host, tmp_path, 15, **VERSION_B)
     assert rc == 0, out[-4000:]
     assert f"This batch upgrades {HOST}" in out
-    venv_b = host.check_output("readlink -f /opt/inferops/vllm/current")
+    venv_b = current_venv(host)
     assert venv_b != venv_a
-    for entry in plan:
-        assert started_at(host, entry["unit"]) > before[entry["unit"]], f"{entry['unit']} restarted for version B"
-        pid = show(host, entry["unit"], "MainPID")
-        assert host.file(f"/proc/{pid}/cmdline").content_string.startswith(venv_b + "/bin/python\0")
-        assert f"Stop sending new requests (server state drain) to tiny/{entry['name']}" in out
+    assert_restarted_on(host, plan, before, venv_b)
+    for name in names:
+        assert f"Stop sending new requests (server state drain) to tiny/{name}" in out
 
     failed = [r for r in records if not r["ok"]]
     assert records and not failed, (len(records), failed[:5])
@@ -649,29 +667,17 @@ def test_a_rollout_below_the_performance_baseline_rolls_the_host_back_without_a_
     baseline (one no instance here reaches), so rollout.yml's verify fails after both instances restarted on it;
     the host is rolled back to version B (current and both units, each restarted and gated again) and the rollout
     fails naming the figure. The clients going through the front door the whole time see no failed request."""
-    venv_b = host.check_output("readlink -f /opt/inferops/vllm/current")
+    venv_b = current_venv(host)
     before = {i["unit"]: started_at(host, i["unit"]) for i in plan}
     version_c = dict(VERSION_B, vllm_install_extra_packages=["tabulate==0.8.10"],
                      vllm_verify_perf_baseline={"single_stream_tokens_per_s": 100000})
-    start_openai_clients(host, venv_b)
-    try:
-        host.run("sleep 5")
-        start = time.time()
-        rc, out = playbook("inferops.vllm.rollout", "--skip-tags", "vllm_weights", _timeout=1800,
-                           vllm_verify_report_dir=str(tmp_path / "reports"), **version_c)
-        end = time.time()
-        host.run("sleep 5")
-    finally:
-        records = stop_openai_clients(host)
+    rc, out, start, end, records = rollout_under_load(host, tmp_path, 5, **version_c)
     assert rc != 0, out[-4000:]
     assert re.search(rf"Performance gate: host {HOST}, instance \w+: single_stream_tokens_per_s [0-9.]+ is below "
                      r"the baseline 100000", out), out[-4000:]
     assert f"{HOST} was rolled back to its previous venv and is serving again" in out, out[-4000:]
-    assert host.check_output("readlink -f /opt/inferops/vllm/current") == venv_b
-    for entry in plan:
-        assert started_at(host, entry["unit"]) > before[entry["unit"]]
-        pid = show(host, entry["unit"], "MainPID")
-        assert host.file(f"/proc/{pid}/cmdline").content_string.startswith(venv_b + "/bin/python\0"), entry["unit"]
+    assert current_venv(host) == venv_b
+    assert_restarted_on(host, plan, before, venv_b)
     assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
     failed = [r for r in records if not r["ok"]]
     assert records and not failed, (len(records), failed[:5])
