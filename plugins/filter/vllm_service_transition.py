@@ -1,0 +1,40 @@
+# -*- coding: utf-8 -*-
+# Apache License 2.0 (see LICENSE)
+"""Filter ``vllm_service_transition``: the ordered stops and restarts of one host's service stage.
+
+The logic lives in ``plugins/plugin_utils/transition.py``; this wrapper parses the live probe and the
+recorded plan and never raises on what the host said (a plan.json that does not parse is no plan).
+"""
+from __future__ import annotations
+
+import json
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import parse_live, plan_transition
+
+
+def _recorded(value):
+    if isinstance(value, dict):
+        return value
+    try:
+        loaded = json.loads(value) if isinstance(value, (str, bytes)) and value else None
+    except ValueError:
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def vllm_service_transition(plan, live, restart, recorded=None, prune=True):
+    """The transition from what the host runs (``live``: the probe's text) to ``plan``; see the .yml docs."""
+    if not isinstance(plan, dict) or not isinstance(plan.get("instances"), list):
+        raise AnsibleFilterError("vllm_service_transition: the input must be the plan (vllm_preflight_plan)")
+    return plan_transition(parse_live(live if isinstance(live, str) else ""), plan["instances"],
+                           [str(n) for n in restart or []], recorded=_recorded(recorded), plan=plan,
+                           prune=bool(prune))
+
+
+class FilterModule:
+    """Transition filter."""
+
+    def filters(self):
+        return {"vllm_service_transition": vllm_service_transition}
