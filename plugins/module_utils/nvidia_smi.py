@@ -124,6 +124,28 @@ def is_unavailable(value):
     return value == "N/A" or bool(_UNAVAILABLE.match(value))
 
 
+# The bracketed cells that only mean "this GPU or driver has no such value" (the field does not apply).
+NO_VALUE_SPELLINGS = ("N/A", "[N/A]", "[Not Supported]", "[Requested functionality has been deprecated]")
+_BRACKETED = re.compile(r"^\[[^\[\],]+\]$")
+
+
+def error_state(value):
+    """The error state nvidia-smi printed in place of a reading (``[GPU requires reset]``), or None.
+
+    Every bracketed cell other than the no-value spellings (``NO_VALUE_SPELLINGS``) is an NVML error
+    for that GPU: ``[GPU requires reset]``, ``[GPU is lost]``, ``[Unknown Error]``, ``[Insufficient
+    Permissions]``, and any other a driver prints (a bracket not known to be harmless counts as an
+    error: no bad reading is taken for good news). The cell is returned as printed, brackets included.
+    Only the health parsers use this; ``is_unavailable`` (which reads every bracket as N/A) is unchanged.
+    """
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    if value in NO_VALUE_SPELLINGS or not _BRACKETED.match(value):
+        return None
+    return value
+
+
 def normalize_bus_id(bus_id):
     """nvidia-smi's ``00000000:18:00.0`` -> sysfs's ``0000:18:00.0`` (lower case, 4-digit domain)."""
     m = _BUS_ID.match(bus_id.strip()) if isinstance(bus_id, str) else None
@@ -246,13 +268,16 @@ def _header_of(cells, specs):
     return known
 
 
-def _parse_csv(text, fields, specs, required, what, free_text=None):
+def _parse_csv(text, fields, specs, required, what, free_text=None, error_states=False):
     """Parse ``--format=csv`` output with or without header and units into dicts.
 
     With a header, columns are found by name (so extra columns are ignored and order does not
     matter); without one, ``fields`` gives the columns in order. Every requested field that is
     missing raises unless it is optional (then it is None). ``free_text`` names the one column that
     may itself contain ", " (a process name); extra cells are folded back into it.
+    ``error_states``: each row gets ``error_states`` ``{field: "[GPU requires reset]"}`` for the cells
+    in an error state (see ``error_state``; their value is None); identity columns other than
+    ``index``/``pid`` may then be in one too. Without it every bracketed cell reads as N/A (None).
     """
     for field in fields:
         if field not in specs:
@@ -292,7 +317,7 @@ def _parse_csv(text, fields, specs, required, what, free_text=None):
         if len(cells) != ncols:
             raise NvidiaSmiParseError(
                 "%s: line %d has %d value(s), expected %d: %r" % (what, lineno, len(cells), ncols, line))
-        row = {}
+        row = {"error_states": {}} if error_states else {}
         for field, spec in specs.items():
             key, conv = spec[0], spec[1]
             if field not in columns:
@@ -302,6 +327,11 @@ def _parse_csv(text, fields, specs, required, what, free_text=None):
             value = cells[columns[field]]
             if conv is None:
                 row[key] = value
+                continue
+            state = error_state(value) if error_states and field not in ("index", "pid") else None
+            if state is not None:
+                row["error_states"][field] = state
+                row[key] = None
                 continue
             if is_unavailable(value):
                 if field in required and field in _IDENTITY_FIELDS:
@@ -881,8 +911,14 @@ HEALTH_FIELDS = (
     "fabric.status",
 )
 # Fields an older driver may not know: the health query is retried without them (the checks that
-# need them then say "not reported").
+# need them then say "not available").
 OPTIONAL_HEALTH_FIELDS = HEALTH_FIELDS[3:]
+# Drivers before R535 know the clock-event fields only by their old names: R535 renamed
+# clocks_throttle_reasons.* to clocks_event_reasons.* and keeps the old names as deprecated aliases
+# (--help-query-gpu of 580.159.04: '"clocks_event_reasons.active" or "clocks_throttle_reasons.active"').
+# query_health asks an old driver again with these names (see there why not by driver version).
+LEGACY_HEALTH_FIELDS = dict((field, field.replace("clocks_event_reasons.", "clocks_throttle_reasons."))
+                            for field in HEALTH_FIELDS if field.startswith("clocks_event_reasons."))
 REQUIRED_HEALTH_FIELDS = ("index", "uuid", "pci.bus_id")
 
 REMAPPED_ROWS_FIELDS = ("gpu_uuid", "gpu_bus_id", "remapped_rows.correctable",
@@ -1005,21 +1041,30 @@ _HEALTH_SPECS = {
     "pcie.link.width.current": ("pcie_width_current", _conv_int, ("pcie.link.width.current",)),
     "pcie.link.width.max": ("pcie_width_max", _conv_int, ("pcie.link.width.max",)),
     "clocks_event_reasons.active": (
-        "clocks_event_reasons", _conv_hex, ("clocks_event_reasons.active",)),
+        "clocks_event_reasons", _conv_hex,
+        ("clocks_event_reasons.active", "clocks_throttle_reasons.active")),
     "clocks_event_reasons.hw_slowdown": (
-        "hw_slowdown", _conv_active, ("clocks_event_reasons.hw_slowdown",)),
+        "hw_slowdown", _conv_active,
+        ("clocks_event_reasons.hw_slowdown", "clocks_throttle_reasons.hw_slowdown")),
     "clocks_event_reasons.sw_thermal_slowdown": (
-        "sw_thermal_slowdown", _conv_active, ("clocks_event_reasons.sw_thermal_slowdown",)),
+        "sw_thermal_slowdown", _conv_active,
+        ("clocks_event_reasons.sw_thermal_slowdown", "clocks_throttle_reasons.sw_thermal_slowdown")),
     "clocks_event_reasons.hw_thermal_slowdown": (
-        "hw_thermal_slowdown", _conv_active, ("clocks_event_reasons.hw_thermal_slowdown",)),
+        "hw_thermal_slowdown", _conv_active,
+        ("clocks_event_reasons.hw_thermal_slowdown", "clocks_throttle_reasons.hw_thermal_slowdown")),
     "clocks_event_reasons.hw_power_brake_slowdown": (
-        "hw_power_brake_slowdown", _conv_active, ("clocks_event_reasons.hw_power_brake_slowdown",)),
+        "hw_power_brake_slowdown", _conv_active,
+        ("clocks_event_reasons.hw_power_brake_slowdown", "clocks_throttle_reasons.hw_power_brake_slowdown")),
     "temperature.gpu": ("temperature_gpu", _conv_int, ("temperature.gpu",)),
     "power.draw": ("power_draw_w", _conv_number("W"), ("power.draw",)),
     "power.limit": ("power_limit_w", _conv_number("W"), ("power.limit",)),
     "fabric.state": ("fabric_state", _conv_word, ("fabric.state",)),
     "fabric.status": ("fabric_status", _conv_text, ("fabric.status",)),
 }
+# nvidia-smi field name (the current and the pre-R535 one) -> key of parse_health_query's dicts
+HEALTH_FIELD_KEYS = dict((field, spec[0]) for field, spec in _HEALTH_SPECS.items())
+HEALTH_FIELD_KEYS.update((old, _HEALTH_SPECS[new][0]) for new, old in LEGACY_HEALTH_FIELDS.items())
+
 _REMAP_SPECS = {
     "gpu_uuid": ("gpu_uuid", _conv_gpu_uuid, ("gpu_uuid", "uuid")),
     "gpu_bus_id": ("gpu_bus_id", _conv_bus_id, ("gpu_bus_id", "pci.bus_id")),
@@ -1040,10 +1085,16 @@ def parse_health_query(text, fields=HEALTH_FIELDS):
     ``clocks_event_reasons`` (the bit mask as an int), ``hw_slowdown``, ``sw_thermal_slowdown``,
     ``hw_thermal_slowdown``, ``hw_power_brake_slowdown`` (bools), ``temperature_gpu``,
     ``power_draw_w``, ``power_limit_w``, ``fabric_state``, ``fabric_status``. N/A is None; a field
-    not asked for is None too.
+    not asked for is None too. The clock-event columns may carry their pre-R535 names
+    (``clocks_throttle_reasons.*``) in the header.
+
+    ``error_states``: ``{field: cell}`` for every cell in an error state (``[GPU requires reset]``,
+    ``[GPU is lost]``, ``[Unknown Error]``, ``[Insufficient Permissions]``, any bracket that is not
+    N/A or Not Supported); the reading is None. ``uuid`` and ``pci.bus_id`` may be in one (None then);
+    ``index`` may not (a row without an index raises).
     """
     required = tuple(f for f in REQUIRED_HEALTH_FIELDS if f in fields)
-    gpus = _parse_csv(text, fields, _HEALTH_SPECS, required, "nvidia-smi --query-gpu")
+    gpus = _parse_csv(text, fields, _HEALTH_SPECS, required, "nvidia-smi --query-gpu", error_states=True)
     if not gpus:
         raise NvidiaSmiParseError("nvidia-smi --query-gpu: no GPU rows in the output")
     for gpu in gpus:
@@ -1057,10 +1108,12 @@ def parse_remapped_rows(text, fields=REMAPPED_ROWS_FIELDS):
 
     Keys: ``gpu_uuid``, ``gpu_bus_id``, ``correctable``, ``uncorrectable`` (rows remapped),
     ``pending`` and ``failure`` (bools); None where the GPU does not support row remapping
-    (before Ampere).
+    (before Ampere). ``error_states``: ``{field: cell}`` for cells in an error state (see
+    ``parse_health_query``), whose values are None.
     """
     required = tuple(f for f in ("gpu_uuid", "gpu_bus_id") if f in fields)
-    return _parse_csv(text, fields, _REMAP_SPECS, required, "nvidia-smi --query-remapped-rows")
+    return _parse_csv(text, fields, _REMAP_SPECS, required, "nvidia-smi --query-remapped-rows",
+                      error_states=True)
 
 
 _P2P_CELL = re.compile(r"^(?:X|OK|CNS|GNS|TNS|NS|U)$")
@@ -1200,17 +1253,42 @@ def clock_event_names(mask):
 
 
 def query_health(smi):
-    """The health query through an :class:`NvidiaSmi`, retried without fields the driver lacks."""
-    fields = list(HEALTH_FIELDS)
+    """The health query through an :class:`NvidiaSmi`: ``(gpus, dropped)``.
+
+    A driver that does not know a field answers 'Field "x" is not a valid field to query.' (exit 2)
+    and is asked again: without that field (``dropped``; its checks then say "not available"), or,
+    for a clock-event field, with the whole group's pre-R535 names (``LEGACY_HEALTH_FIELDS``,
+    ``clocks_throttle_reasons.*``) first. Each GPU gets ``clock_event_fields``: the prefix the clock-event
+    readings were asked with (``clocks_event_reasons``, ``clocks_throttle_reasons``; None when the
+    driver knows neither), and its ``error_states`` name the fields as asked.
+
+    Why by the driver's answer, not by its version: the version comes from this same query, so
+    deciding first would cost every host one more call; the answer is the driver's own word on which
+    names it knows, so no branch cut-off has to be right (the rename's release and back-ports, vGPU
+    and data-center branches); current drivers still take the old names, but only as deprecated
+    aliases that may go away, so the current names are asked first. It costs one call, on old
+    drivers only, and never loops: each retry renames the group once or drops a field.
+    """
+    fields = list(HEALTH_FIELDS)  # the parser's names
+    asked = dict((field, field) for field in fields)  # -> the name on the command line
     dropped = []
     while True:
-        args = ("--query-gpu=" + ",".join(fields), "--format=csv")
+        args = ("--query-gpu=" + ",".join(asked[f] for f in fields), "--format=csv")
         try:
             _rc, out, _err = smi.run(args)
         except NvidiaSmiUnknownFieldError as exc:
-            if exc.field in fields and exc.field in OPTIONAL_HEALTH_FIELDS:
-                fields.remove(exc.field)
+            field = next((f for f in fields if asked[f] == exc.field), None)
+            if field in LEGACY_HEALTH_FIELDS and asked[field] == field:
+                asked.update(LEGACY_HEALTH_FIELDS)
+                continue
+            if field in OPTIONAL_HEALTH_FIELDS:
+                fields.remove(field)
                 dropped.append(exc.field)
                 continue
             raise
-        return parse_health_query(out, fields=tuple(fields)), dropped
+        gpus = parse_health_query(out, fields=tuple(fields))
+        clock_fields = [asked[f] for f in fields if f in LEGACY_HEALTH_FIELDS]
+        for gpu in gpus:
+            gpu["clock_event_fields"] = clock_fields[0].split(".")[0] if clock_fields else None
+            gpu["error_states"] = dict((asked.get(f, f), cell) for f, cell in gpu["error_states"].items())
+        return gpus, dropped

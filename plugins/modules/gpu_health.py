@@ -18,13 +18,23 @@ description:
     board whose fabric manager is not running or not at the driver's version, tensor-parallel
     groups between GPUs that cannot read each other's memory (P2P), a small C(/dev/shm) and a low
     open-files limit.
+  - A GPU whose C(nvidia-smi) cells read a bracketed error state (C([GPU requires reset]),
+    C([GPU is lost]), C([Unknown Error]), C([Insufficient Permissions]), any bracket other than
+    C([N/A]) and C([Not Supported])) fails the C(gpu_state) check, naming its index, bus id and
+    uuid (where readable), the fields and the state, with the fix. A reading that is N/A, Not
+    Supported or in an error state is reported as not available (or not readable) by the check that
+    needs it, never as a good reading.
+  - Drivers before R535 know the clock-event fields only as C(clocks_throttle_reasons.*); when the
+    driver refuses C(clocks_event_reasons.*) as not a valid field, the query is asked again with the
+    old names.
   - Every check gives C(pass), C(warn) or C(fail), per GPU where it is about a GPU, with a message
     that names the GPU, what is wrong and the fix. The module itself never fails for a failed check
     (the caller decides, see the C(vllm_preflight) role's C(health) entry point); it fails only when
     C(nvidia-smi) cannot be run or its output cannot be parsed.
-  - Calls - one C(nvidia-smi --query-gpu) for every GPU field, one C(--query-remapped-rows), one
-    C(topo -p2p r) (only when a planned tensor-parallel group has two or more GPUs), one read of the
-    kernel log, and on NVSwitch hosts C(systemctl is-active) and C(nv-fabricmanager --version).
+  - Calls - one C(nvidia-smi --query-gpu) for every GPU field (one more on drivers before R535),
+    one C(--query-remapped-rows), one C(topo -p2p r) (only when a planned tensor-parallel group has
+    two or more GPUs), one read of the kernel log, and on NVSwitch hosts C(systemctl is-active) and
+    C(nv-fabricmanager --version).
   - Runs the same in check mode.
 options:
   nvidia_smi:
@@ -34,8 +44,8 @@ options:
     description:
       - Severity per check, overriding the defaults - C(fail), C(warn) or C(ignore) (the check
         still runs and reports, but its problems count as C(pass)).
-      - "Checks and default severities: C(driver) fail, C(persistence) warn, C(compute_mode) fail,
-        C(mig) fail, C(ecc_mode) warn, C(ecc_errors) fail, C(row_remap) fail, C(pcie_width) warn,
+      - "Checks and default severities: C(gpu_state) fail, C(driver) fail, C(persistence) warn,
+        C(compute_mode) fail, C(mig) fail, C(ecc_mode) warn, C(ecc_errors) fail, C(row_remap) fail, C(pcie_width) warn,
         C(pcie_gen) warn, C(clocks) warn, C(xid) fail, C(fabric) fail, C(p2p) fail, C(shm) fail,
         C(nofile) warn."
     type: dict
@@ -163,7 +173,10 @@ ansible_facts:
           findings and every problem), C(problems) (the messages that made the status) and, for
           GPU checks, C(gpus) (status and message per GPU index, as a string key).
         - C(gpus) one entry per GPU with its identity, C(status), the readings the checks used
-          and C(checks) (status and message per check).
+          (None where N/A, Not Supported or in an error state), C(error_states) (field as asked ->
+          the bracketed state C(nvidia-smi) printed, e.g. C([GPU requires reset])),
+          C(clock_event_fields) (C(clocks_event_reasons), or C(clocks_throttle_reasons) on drivers
+          before R535; null when the driver knows neither) and C(checks) (status and message per check).
         - C(driver_version), C(cuda_build), C(min_driver), C(nvswitch) (bool),
           C(tp_groups) (checked groups), C(seconds) (the module's own time).
       returned: success
@@ -206,6 +219,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     CUDA_MIN_DRIVER,
+    HEALTH_FIELD_KEYS,
     NVIDIA_SMI_ENV,
     QUERY_REMAPPED_ROWS_ARGS,
     TOPO_P2P_READ_ARGS,
@@ -216,6 +230,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     NvidiaSmiParseError,
     error_from_output,
     find_nvidia_smi,
+    normalize_bus_id,
     parse_fabricmanager_version,
     parse_remapped_rows,
     parse_topo_p2p,
@@ -226,6 +241,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 )
 
 CHECKS = (
+    ("gpu_state", "fail"),
     ("driver", "fail"),
     ("persistence", "warn"),
     ("compute_mode", "fail"),
@@ -245,6 +261,22 @@ CHECKS = (
 DEFAULT_SEVERITIES = dict(CHECKS)
 RANK = {"pass": 0, "warn": 1, "fail": 2}
 IDLE_BIT = 0x1
+# (name in messages, key of the health reading, bit of clocks_event_reasons.active)
+SLOWDOWNS = (("HW slowdown", "hw_slowdown", 0x8), ("HW thermal slowdown", "hw_thermal_slowdown", 0x40),
+             ("SW thermal slowdown", "sw_thermal_slowdown", 0x20),
+             ("HW power brake", "hw_power_brake_slowdown", 0x80))
+CLOCK_KEYS = ("clocks_event_reasons",) + tuple(key for _name, key, _bit in SLOWDOWNS)
+# The fix for a GPU whose readings are in a bracketed error state, by state ({idx}: its index); every
+# state but a permission problem also gets XID_HINT.
+STATE_HINTS = {
+    "[GPU requires reset]": "drain the GPU and reset it (nvidia-smi -r -i {idx}) or reboot the host",
+    "[GPU is lost]": ("the GPU has fallen off the bus: drain the host and reboot it, check the slot, riser and "
+                      "power cabling, and replace the GPU if it comes back"),
+    "[Insufficient Permissions]": ("this user may not read the GPU: run the check as root (become: true) or "
+                                   "give the user access to /dev/nvidia*"),
+}
+STATE_HINT_DEFAULT = "drain the GPU and reset it (nvidia-smi -r -i {idx}) or reboot the host"
+XID_HINT = "the kernel log says why (dmesg | grep -i xid)"
 
 
 class Health(object):
@@ -280,7 +312,34 @@ class Health(object):
 
 
 def gpu_label(gpu):
-    return "GPU %d (%s)" % (gpu["index"], gpu["pci_bus_id"])
+    bus = gpu["pci_bus_id"]
+    if bus is None:
+        bus = "bus id %s" % (gpu.get("error_states") or {}).get("pci.bus_id", "not available")
+    return "GPU %d (%s)" % (gpu["index"], bus)
+
+
+def not_readable(gpu, *keys):
+    """``field [state]`` for each reading of ``keys`` nvidia-smi printed in an error state, comma separated."""
+    return ", ".join("%s %s" % (field, cell) for field, cell in (gpu.get("error_states") or {}).items()
+                     if HEALTH_FIELD_KEYS.get(field) in keys)
+
+
+def unavailable(gpu, what, *keys, **kwargs):
+    """The sentence for readings that are not there: in an error state, else N/A (never good news).
+
+    ``detail``: what is known besides, put in the parentheses.
+    """
+    detail = kwargs.get("detail")
+    detail = detail + "; " if detail else ""
+    bad = not_readable(gpu, *keys)
+    if bad:
+        return "%s: %s not readable (%s%s; see the gpu_state check)" % (gpu_label(gpu), what, detail, bad)
+    return "%s: %s not available (%snvidia-smi reports N/A or Not Supported, or this driver lacks the field)" % (
+        gpu_label(gpu), what, detail)
+
+
+def or_na(value, fmt="%s"):
+    return "not available" if value is None else fmt % (value,)
 
 
 def plan_instances(plan):
@@ -370,34 +429,49 @@ def check_gpu(health, gpu, allow_mig):
         health.add("persistence", True,
                    "%s: persistence mode is off: the driver unloads between processes (slow, "
                    "flaky starts); run nvidia-persistenced or nvidia-smi -pm 1 -i %d" % (label, idx), idx)
+    elif pm is None:
+        health.add("persistence", False, unavailable(gpu, "persistence mode", "persistence_mode"), idx)
     else:
-        health.add("persistence", False, "%s: persistence mode %s" % (label, pm or "not reported"), idx)
+        health.add("persistence", False, "%s: persistence mode %s" % (label, pm), idx)
 
     cm = gpu["compute_mode"]
     if cm == "Prohibited":
         health.add("compute_mode", True,
                    "%s: compute mode is Prohibited: no CUDA context can be made; set it back with "
                    "nvidia-smi -c DEFAULT -i %d" % (label, idx), idx)
+    elif cm is None:
+        health.add("compute_mode", False, unavailable(gpu, "compute mode", "compute_mode"), idx)
     else:
-        health.add("compute_mode", False, "%s: compute mode %s" % (label, cm or "not reported"), idx)
+        health.add("compute_mode", False, "%s: compute mode %s" % (label, cm), idx)
 
     mig_on = "Enabled" in (gpu["mig_mode"], gpu["mig_mode_pending"])
     if mig_on and not allow_mig:
         health.add("mig", True,
                    "%s: MIG mode is on (current %s, pending %s) but the plan uses whole GPUs; turn it "
                    "off with nvidia-smi -mig 0 -i %d (then reset the GPU) or plan MIG devices"
-                   % (label, gpu["mig_mode"], gpu["mig_mode_pending"], idx), idx)
+                   % (label, or_na(gpu["mig_mode"]), or_na(gpu["mig_mode_pending"]), idx), idx)
+    elif gpu["mig_mode"] is None:
+        health.add("mig", False, unavailable(gpu, "MIG mode", "mig_mode", "mig_mode_pending"), idx)
     else:
-        health.add("mig", False, "%s: MIG %s" % (label, gpu["mig_mode"] or "not supported"), idx)
+        health.add("mig", False, "%s: MIG %s" % (label, gpu["mig_mode"]), idx)
 
     ecc = gpu["ecc_mode"]
     if ecc == "Disabled":
         health.add("ecc_mode", True,
                    "%s: ECC is off: memory errors go unnoticed; turn it on with nvidia-smi -e 1 -i %d "
                    "and reboot" % (label, idx), idx)
+    elif ecc is None:
+        health.add("ecc_mode", False, unavailable(gpu, "ECC mode", "ecc_mode"), idx)
     else:
-        health.add("ecc_mode", False, "%s: ECC %s" % (label, ecc or "not supported"), idx)
+        health.add("ecc_mode", False, "%s: ECC %s" % (label, ecc), idx)
 
+    check_ecc_errors(health, gpu)
+    check_pcie(health, gpu)
+    check_clocks(health, gpu)
+
+
+def check_ecc_errors(health, gpu):
+    label, idx = gpu_label(gpu), gpu["index"]
     problems = []
     if gpu["ecc_uncorrected_volatile"]:
         problems.append("%d uncorrected ECC error(s) since the driver loaded"
@@ -408,66 +482,170 @@ def check_gpu(health, gpu, allow_mig):
         health.add("ecc_errors", True,
                    "%s: %s; drain the GPU, reset it (nvidia-smi -r -i %d) or reboot, and replace it "
                    "if the errors come back" % (label, " and ".join(problems), idx), idx)
-    else:
-        health.add("ecc_errors", False, "%s: no uncorrected ECC errors, no retired pages pending" % label, idx)
+        return
+    parts = []
+    for key, good, what in (("ecc_uncorrected_volatile", "no uncorrected ECC errors", "uncorrected ECC error count"),
+                            ("retired_pages_pending", "no retired pages pending", "retired pages pending")):
+        if gpu[key] is not None:
+            parts.append(good)
+        elif not_readable(gpu, key):
+            parts.append("%s not readable (%s; see the gpu_state check)" % (what, not_readable(gpu, key)))
+        else:
+            ampere = key == "retired_pages_pending"
+            parts.append("%s not available%s" % (
+                what, " (GPUs from Ampere on remap rows instead: see row_remap)" if ampere else ""))
+    health.add("ecc_errors", False, "%s: %s" % (label, "; ".join(parts)), idx)
 
+
+def check_pcie(health, gpu):
+    label, idx = gpu_label(gpu), gpu["index"]
     cur, top = gpu["pcie_width_current"], gpu["pcie_width_max"]
-    if cur is not None and top is not None and cur < top:
+    if cur is None or top is None:
+        health.add("pcie_width", False, unavailable(
+            gpu, "PCIe link width", "pcie_width_current", "pcie_width_max",
+            detail=None if cur is None and top is None else "current %s, max %s" % (
+                or_na(cur, "x%d"), or_na(top, "x%d"))), idx)
+    elif cur < top:
         health.add("pcie_width", True,
                    "%s: PCIe link runs at x%d of x%d: a degraded slot, riser or card seating; "
                    "reseat the card or move it to a full-width slot" % (label, cur, top), idx)
     else:
-        health.add("pcie_width", False, "%s: PCIe x%s of x%s" % (label, cur, top), idx)
+        health.add("pcie_width", False, "%s: PCIe x%d of x%d" % (label, cur, top), idx)
 
     gen, gen_max = gpu["pcie_gen_current"], gpu["pcie_gen_max"]
     mask = gpu["clocks_event_reasons"]
-    idle = mask is None or bool(mask & IDLE_BIT)
-    if gen is not None and gen_max is not None and gen < gen_max and not idle:
+    idle = mask is not None and bool(mask & IDLE_BIT)
+    if gen is None or gen_max is None:
+        health.add("pcie_gen", False, unavailable(
+            gpu, "PCIe link generation", "pcie_gen_current", "pcie_gen_max",
+            detail=None if gen is None and gen_max is None else "current %s, max %s" % (
+                or_na(gen, "Gen%d"), or_na(gen_max, "Gen%d"))), idx)
+    elif gen < gen_max and mask is not None and not idle:
         health.add("pcie_gen", True,
                    "%s: PCIe link at Gen%d of Gen%d while the GPU is busy: check the slot's and the "
                    "BIOS's PCIe generation setting" % (label, gen, gen_max), idx)
+    elif gen < gen_max:
+        health.add("pcie_gen", False, "%s: PCIe Gen%d of Gen%d%s" % (
+            label, gen, gen_max, " (idle: not judged)" if idle else
+            " (not judged: clocks_event_reasons.active, which tells busy from idle, is not available)"), idx)
     else:
-        health.add("pcie_gen", False, "%s: PCIe Gen%s of Gen%s%s"
-                   % (label, gen, gen_max, " (idle: not judged)" if idle and gen != gen_max else ""), idx)
+        health.add("pcie_gen", False, "%s: PCIe Gen%d of Gen%d" % (label, gen, gen_max), idx)
 
-    slow = [name for name, key in (("HW slowdown", "hw_slowdown"), ("HW thermal slowdown", "hw_thermal_slowdown"),
-                                   ("SW thermal slowdown", "sw_thermal_slowdown"),
-                                   ("HW power brake", "hw_power_brake_slowdown")) if gpu[key]]
+
+def check_clocks(health, gpu):
+    """Slowdowns from the per-reason fields, or the bits of clocks_event_reasons.active where those are N/A."""
+    label, idx = gpu_label(gpu), gpu["index"]
+    mask = gpu["clocks_event_reasons"]
+    slow, unknown = [], []
+    for name, key, bit in SLOWDOWNS:
+        known = [v for v in (gpu[key], None if mask is None else bool(mask & bit)) if v is not None]
+        if not known:
+            unknown.append(name)
+        elif any(known):
+            slow.append(name)
+    source = gpu.get("clock_event_fields")
+    old = " (read as clocks_throttle_reasons.*: a driver before R535)" if source == "clocks_throttle_reasons" else ""
     if slow:
+        power = "%s of %s W" % (or_na(gpu["power_draw_w"]), or_na(gpu["power_limit_w"]))
         health.add("clocks", True,
-                   "%s: clocks held down by %s (%s C, %s of %s W): check cooling, fans and the power "
-                   "supply / power brake cable"
-                   % (label, ", ".join(slow), gpu["temperature_gpu"], gpu["power_draw_w"], gpu["power_limit_w"]),
+                   "%s: clocks held down by %s (%s C, %s)%s: check cooling, fans and the power "
+                   "supply / power brake cable" % (label, ", ".join(slow), or_na(gpu["temperature_gpu"]), power, old),
                    idx)
+    elif len(unknown) == len(SLOWDOWNS) or not_readable(gpu, *CLOCK_KEYS):
+        health.add("clocks", False, unavailable(gpu, "clock event reasons (thermal and power-brake slowdown)",
+                                                *CLOCK_KEYS), idx)
+    elif unknown:
+        health.add("clocks", False, "%s: no %s; %s not available%s" % (
+            label, ", ".join(n for n, _k, _b in SLOWDOWNS if n not in unknown), ", ".join(unknown), old), idx)
     else:
-        health.add("clocks", False, "%s: no thermal or power-brake slowdown" % label, idx)
+        health.add("clocks", False, "%s: no thermal or power-brake slowdown%s" % (label, old), idx)
 
 
-def check_remap(health, gpus, remap, remap_error):
-    by_uuid = dict((r["gpu_uuid"], r) for r in remap)
+def gpu_state_label(gpu):
+    """The GPU by index, bus id and uuid (where readable): the GPU may have to be found by any of them."""
+    uuid = gpu["uuid"] or "uuid not readable"
+    bus = gpu["pci_bus_id"] or "bus id not readable"
+    return "GPU %d (%s, %s)" % (gpu["index"], bus, uuid)
+
+
+def check_gpu_state(health, gpu, remap_row):
+    """Fails a GPU whose nvidia-smi cells read a bracketed error state ([GPU requires reset], ...)."""
+    idx = gpu["index"]
+    states = list((gpu.get("error_states") or {}).items())
+    if remap_row:
+        states += list((remap_row.get("error_states") or {}).items())
+    if not states:
+        health.add("gpu_state", False, "%s: no reading in an error state" % gpu_label(gpu), idx)
+        return
+    by_state = []
+    for field, cell in states:
+        for entry in by_state:
+            if entry[0] == cell:
+                entry[1].append(field)
+                break
+        else:
+            by_state.append((cell, [field]))
+    hints = []
+    for cell, _fields in by_state:
+        hint = STATE_HINTS.get(cell, STATE_HINT_DEFAULT).format(idx=idx)
+        if hint not in hints:
+            hints.append(hint)
+    if any(cell != "[Insufficient Permissions]" for cell, _fields in by_state):
+        hints.append(XID_HINT)
+    health.add("gpu_state", True,
+               "%s is in an error state: nvidia-smi reads %s; no reading of this GPU can be trusted: %s"
+               % (gpu_state_label(gpu),
+                  " and ".join("%s (%s)" % (cell, ", ".join(fields)) for cell, fields in by_state),
+                  "; ".join(hints)), idx)
+
+
+def remap_rows_of(gpus, remap):
+    """The --query-remapped-rows row of each GPU index (by uuid, else by bus id), or None."""
+    by_uuid = dict((r["gpu_uuid"], r) for r in remap if r["gpu_uuid"])
+    by_bus = dict((normalize_bus_id(r["gpu_bus_id"]), r) for r in remap if r["gpu_bus_id"])
+    rows = {}
+    for gpu in gpus:
+        row = by_uuid.get(gpu["uuid"]) if gpu["uuid"] else None
+        if row is None and gpu["pci_bus_id"]:
+            row = by_bus.get(normalize_bus_id(gpu["pci_bus_id"]))
+        rows[gpu["index"]] = row
+    return rows
+
+
+def check_remap(health, gpus, rows, remap_error):
     for gpu in gpus:
         label, idx = gpu_label(gpu), gpu["index"]
-        row = by_uuid.get(gpu["uuid"])
-        if remap_error is not None or row is None or row["pending"] is None:
-            health.add("row_remap", False, "%s: row remapping not supported (before Ampere: retired "
-                       "pages are checked instead)" % label, idx)
+        row = rows.get(idx)
+        if remap_error is not None:
+            health.add("row_remap", False, "%s: row remapping not checked: nvidia-smi --query-remapped-rows "
+                       "failed (see the warnings)" % label, idx)
+            continue
+        if row is None:
+            health.add("row_remap", False, "%s: row remapping not available: --query-remapped-rows has no row "
+                       "for this GPU" % label, idx)
             continue
         if row["failure"]:
             health.add("row_remap", True,
                        "%s: row remapping FAILED (%s uncorrectable, %s correctable rows remapped): the "
                        "GPU's memory is out of spare rows; replace the GPU" % (
-                           label, row["uncorrectable"], row["correctable"]), idx)
+                           label, or_na(row["uncorrectable"]), or_na(row["correctable"])), idx)
         elif row["pending"]:
             health.add("row_remap", True,
                        "%s: row remapping pending: the GPU needs a reset before it is reliable; drain "
                        "it and run nvidia-smi -r -i %d, or reboot the host" % (label, idx), idx)
+        elif row["error_states"]:
+            health.add("row_remap", False, "%s: row remapping not readable (%s; see the gpu_state check)" % (
+                label, ", ".join("%s %s" % item for item in row["error_states"].items())), idx)
+        elif row["pending"] is None:
+            health.add("row_remap", False, "%s: row remapping not available (GPUs before Ampere: retired "
+                       "pages are checked instead)" % label, idx)
         else:
             health.add("row_remap", False, "%s: no row remapping pending (%s/%s rows remapped)"
-                       % (label, row["correctable"], row["uncorrectable"]), idx)
+                       % (label, or_na(row["correctable"]), or_na(row["uncorrectable"])), idx)
 
 
 def check_xid(health, gpus, events, fail_codes, source):
-    by_pci = dict((xid_pci_of_bus_id(g["pci_bus_id"]), g) for g in gpus)
+    by_pci = dict((xid_pci_of_bus_id(g["pci_bus_id"]), g) for g in gpus if g["pci_bus_id"])
     seen = {}
     for event in events:
         gpu = by_pci.get(event["pci"])
@@ -567,14 +745,15 @@ def check_fabric(health, gpus, module, runner, params, driver):
         health.add("fabric", False, "%s active, version %s = driver" % (unit, fm_version))
     for gpu, state, status in states:
         if state is None:
+            health.add("fabric", False, unavailable(gpu, "fabric state", "fabric_state"), gpu["index"])
             continue
         if state != "Completed" or (status not in (None, "Success")):
             health.add("fabric", True,
                        "%s: fabric state %s, status %s (not Completed/Success): the GPU is not part of "
                        "the NVLink fabric yet; check %s and its log (/var/log/fabricmanager.log)"
-                       % (gpu_label(gpu), state, status, unit), gpu["index"])
+                       % (gpu_label(gpu), state, or_na(status), unit), gpu["index"])
         else:
-            health.add("fabric", False, "%s: fabric %s/%s" % (gpu_label(gpu), state, status), gpu["index"])
+            health.add("fabric", False, "%s: fabric %s/%s" % (gpu_label(gpu), state, or_na(status)), gpu["index"])
     return True
 
 
@@ -679,7 +858,10 @@ def run_checks(module, smi, params):
     else:
         remap_error = str(error_from_output([smi.path] + list(QUERY_REMAPPED_ROWS_ARGS), rc, out, err))
         smi.warnings.append("row remapping not checked: %s" % remap_error)
-    check_remap(health, gpus, remap, remap_error)
+    remap_rows = remap_rows_of(gpus, remap)
+    check_remap(health, gpus, remap_rows, remap_error)
+    for gpu in gpus:
+        check_gpu_state(health, gpu, remap_rows.get(gpu["index"]))
 
     text, source, problem = read_kernel_log(module, runner, params["kernel_log"])
     if problem:

@@ -50,6 +50,19 @@ CASES = {
                                             "vllm_service_disable_custom_all_reduce": True}, "pass", None),
     "old-driver": ("h200-1gpu", {"vllm_preflight_plan": ONE, "vllm_preflight_health_min_driver": "590.1"},
                    "fail", "driver 580.159.04 is older than 590.1"),
+    "reset": ("fault-h200-reset-required", {"vllm_preflight_plan": ONE}, "fail",
+              "GPU 0 (00000000:00:06.0, GPU-84ea54cb-4767-0e6a-8104-87422151c222) is in an error state: nvidia-smi "
+              "reads [GPU requires reset] (ecc.errors.uncorrected.volatile.total, ecc.errors.corrected.volatile.total, "
+              "pcie.link.gen.current, pcie.link.width.current, clocks_event_reasons.active, "
+              "clocks_event_reasons.hw_slowdown, clocks_event_reasons.sw_thermal_slowdown, "
+              "clocks_event_reasons.hw_thermal_slowdown, clocks_event_reasons.hw_power_brake_slowdown, "
+              "temperature.gpu, "
+              "power.draw, remapped_rows.correctable, remapped_rows.uncorrectable, remapped_rows.pending, "
+              "remapped_rows.failure); no reading of this GPU can be trusted: drain the GPU and reset it "
+              "(nvidia-smi -r -i 0) or reboot the host; the kernel log says why (dmesg | grep -i xid)"),
+    "r525": ("fault-a100-r525-thermal", {"vllm_preflight_plan": ONE, "vllm_preflight_health_cuda_build": "11.8"},
+             "warn", "GPU 0 (00000000:00:06.0): clocks held down by HW thermal slowdown (91 C, 80.6 of 700.0 W) "
+                     "(read as clocks_throttle_reasons.*: a driver before R535)"),
     "cpu-only": ("fault-h200-mig-on", {"vllm_preflight_gpu": False}, "skipped", None),
 }
 
@@ -178,6 +191,29 @@ def test_each_profile_gives_its_verdict_and_changes_nothing(run, host):
         assert set(gpu["checks"]) >= {"persistence", "mig", "row_remap", "pcie_width", "xid"}
 
 
+def test_a_pre_r535_driver_is_read_through_the_old_names_and_a_broken_gpu_says_so(run):
+    r525 = run["facts"]["r525"]["gpu_health"]
+    assert r525["driver_version"] == "525.147.05" and r525["min_driver"] == "520.61.05"
+    (gpu,) = r525["gpus"]
+    assert gpu["clock_event_fields"] == "clocks_throttle_reasons" and gpu["hw_thermal_slowdown"] is True
+    assert gpu["clocks_event_reasons"] == "0x0000000000000041" and gpu["error_states"] == {}
+    reset = run["facts"]["reset"]["gpu_health"]
+    (gpu,) = reset["gpus"]
+    assert gpu["status"] == "fail" and set(gpu["error_states"].values()) == {"[GPU requires reset]"}
+    assert len(reset["failures"]) == 1 and "is in an error state" in reset["failures"][0]
+    checks = gpu["checks"]
+    assert checks["clocks"]["message"].startswith("GPU 0 (00000000:00:06.0): clock event reasons (thermal and "
+                                                  "power-brake slowdown) not readable (clocks_event_reasons.active "
+                                                  "[GPU requires reset]")
+    assert checks["row_remap"]["message"].startswith("GPU 0 (00000000:00:06.0): row remapping not readable")
+    assert checks["pcie_width"]["message"].startswith("GPU 0 (00000000:00:06.0): PCIe link width not readable")
+    assert checks["ecc_errors"]["message"].startswith(
+        "GPU 0 (00000000:00:06.0): uncorrected ECC error count not readable")
+    for host in ("reset", "r525", "h200"):
+        for message in [c["message"] for g in run["facts"][host]["gpu_health"]["gpus"] for c in g["checks"].values()]:
+            assert "None" not in message, (host, message)
+
+
 class _Text(HTMLParser):
     def __init__(self):
         super().__init__()
@@ -193,6 +229,8 @@ def test_fleet_report_has_a_health_panel_per_host_gpu_by_gpu(run):
     assert "### cpu-only" not in md  # no health on a CPU-only host
     assert "Driver 580.159.04, CUDA build 13.0 (needs >= 580.65.06), NVSwitch." in md  # hgx
     assert "| 0 | 00000000:00:06.0 | warn | Gen5 x8 | 0 | GPU 0 (00000000:00:06.0): PCIe link runs at x8 of x16" in md
+    assert "| 0 | 00000000:00:06.0 | fail | n/a | - | GPU 0 (00000000:00:06.0, GPU-84ea54cb" in md  # reset
+    assert "None" not in md
     assert "- **p2p** (fail): tensor-parallel group GPUs 0,1,2,3,4,5,6,7: P2P read is not available" in md
     assert "- **fabric** (fail): 4 NVSwitch device(s) but nvidia-fabricmanager is inactive" in md
     parser = _Text()

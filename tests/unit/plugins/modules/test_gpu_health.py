@@ -4,6 +4,7 @@ import os
 
 import pytest
 from ansible.module_utils import basic
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi as n
 from ansible_collections.inferops.vllm.plugins.modules import gpu_health
@@ -53,6 +54,8 @@ class Host(object):
         kind = self.kind(cmd)
         self.calls.append((kind, list(cmd)))
         answer = self.answers[kind]
+        if callable(answer):  # a driver that answers by what is asked
+            answer = answer(list(cmd))
         if isinstance(answer, list):
             answer = answer.pop(0) if len(answer) > 1 else answer[0]
         return answer[0], answer[1], ""
@@ -94,7 +97,7 @@ def test_the_real_h200_passes_every_check_in_three_calls(monkeypatch, tmp_path):
 def fault(text, column, value):
     """The capture with one column of the GPU row replaced."""
     head, row = text.splitlines()[:2]
-    names = [c.strip() for c in head.split(",")]
+    names = [c.strip().split(" [")[0] for c in head.split(",")]  # power.draw [W] -> power.draw
     cells = [c.strip() for c in row.split(",")]
     cells[names.index(column)] = value
     return head + "\n" + ", ".join(cells) + "\n"
@@ -236,3 +239,260 @@ def test_cpu_build_skips_the_driver_check_and_unknown_builds_fail(monkeypatch, t
     assert "CUDA build 14.2 of vLLM is not in the driver table" in health(result)["failures"][0]
     _s, result, _host = run(monkeypatch, tmp_path, {"cuda_build": "14.2", "min_driver": "590.10"})
     assert "older than 590.10" in health(result)["failures"][0]
+
+
+# ------------------------------------------------------------------ old drivers, N/A readings, broken GPUs (issue 24)
+# The real capture with cells replaced as a pre-R535 driver or a broken GPU prints them (same header,
+# columns and separators).
+
+UUID = "GPU-ed3c5504-4725-ca05-65a6-3231da0a09ad"
+LABEL = "GPU 0 (00000000:00:06.0)"
+# the pass sentences of the readings a broken GPU's test replaces
+GOOD_NEWS = ("no thermal or power-brake slowdown", "no uncorrected ECC errors", "PCIe x", "PCIe Gen",
+             "no reading in an error state")
+
+
+def cells(text, **values):
+    """The capture with cells of the GPU row replaced ({field: value}; dots written as __)."""
+    out = text
+    for field, value in values.items():
+        out = fault(out, field.replace("__", "."), value)
+    return out
+
+
+def old_driver(text, knows_old_names=True):
+    """A driver before R535 serving ``text``: clocks_event_reasons.* are not valid fields (the real
+    exit-2 answer), clocks_throttle_reasons.* are (if ``knows_old_names``) and head their columns."""
+    head, row = text.splitlines()[:2]
+    columns = dict(zip([c.strip().split(" [")[0] for c in head.split(",")],
+                       zip([c.strip() for c in head.split(",")], [c.strip() for c in row.split(",")])))
+
+    def answer(cmd):
+        asked = cmd[1].split("=", 1)[1].split(",")
+        for field in asked:
+            unknown = field.startswith("clocks_event_reasons.") or (
+                field.startswith("clocks_throttle_reasons.") and not knows_old_names)
+            if unknown:
+                return 2, cap("device_query_bad_field.out").replace("clocks_event_reasons.nope", field)
+        picked = [columns[f.replace("clocks_throttle_reasons.", "clocks_event_reasons.")] for f in asked]
+        header = [f + name[len(name.split(" [")[0]):] for f, (name, _cell) in zip(asked, picked)]
+        return 0, ", ".join(header) + "\n" + ", ".join(cell for _name, cell in picked) + "\n"
+    return answer
+
+
+def queries(host):
+    return [call[1][1] for call in host.calls if call[0] == "query"]
+
+
+def all_messages(h):
+    return [c["message"] for g in h["gpus"] for c in g["checks"].values()] + [
+        m for c in h["checks"].values() for m in c["messages"]]
+
+
+def test_a_pre_r535_driver_is_asked_again_with_the_throttle_names(monkeypatch, tmp_path):
+    q = cells(Q, driver_version="525.147.05", clocks_event_reasons__active="0x0000000000000041",
+              clocks_event_reasons__hw_thermal_slowdown="Active", temperature__gpu="91")
+    _s, result, host = run(monkeypatch, tmp_path, {"cuda_build": "11.8"}, query=old_driver(q))
+    asked = queries(host)
+    assert asked == ["--query-gpu=" + ",".join(n.HEALTH_FIELDS),
+                     "--query-gpu=" + ",".join(n.LEGACY_HEALTH_FIELDS.get(f, f) for f in n.HEALTH_FIELDS)]
+    h = health(result)
+    assert h["status"] == "warn" and h["failures"] == [] and host.warnings == []
+    assert h["warnings"] == ["GPU 0 (00000000:00:06.0): clocks held down by HW thermal slowdown (91 C, 81.63 of "
+                             "700.0 W) (read as clocks_throttle_reasons.*: a driver before R535): check cooling, "
+                             "fans and the power supply / power brake cable"]
+    assert h["gpus"][0]["clock_event_fields"] == "clocks_throttle_reasons" and h["driver_version"] == "525.147.05"
+
+
+def test_a_pre_r535_driver_without_slowdown_says_where_the_reading_came_from(monkeypatch, tmp_path):
+    q = cells(Q, driver_version="525.147.05")
+    _s, result, _host = run(monkeypatch, tmp_path, {"cuda_build": "11.8"}, query=old_driver(q))
+    h = health(result)
+    assert h["status"] == "pass"
+    assert h["checks"]["clocks"]["gpus"]["0"]["message"] == (
+        LABEL + ": no thermal or power-brake slowdown (read as clocks_throttle_reasons.*: a driver before R535)")
+
+
+def test_a_driver_that_knows_neither_name_says_not_available(monkeypatch, tmp_path):
+    q = cells(Q, driver_version="470.239.06", pcie__link__gen__current="3")
+    _s, result, host = run(monkeypatch, tmp_path, {"cuda_build": ""}, query=old_driver(q, knows_old_names=False))
+    assert len(queries(host)) == 2 + 5 and "clocks_" not in queries(host)[-1]
+    h = health(result)
+    clocks = h["checks"]["clocks"]["gpus"]["0"]["message"]
+    assert clocks == (LABEL + ": clock event reasons (thermal and power-brake slowdown) not available (nvidia-smi "
+                      "reports N/A or Not Supported, or this driver lacks the field)")
+    assert h["checks"]["pcie_gen"]["gpus"]["0"]["message"] == (
+        LABEL + ": PCIe Gen3 of Gen5 (not judged: clocks_event_reasons.active, which tells busy from idle, "
+        "is not available)")
+    assert host.warnings == ["this driver does not know the query field %s: the checks that need it report it as "
+                             "not available" % f for f in n.LEGACY_HEALTH_FIELDS.values()]
+    assert h["gpus"][0]["clock_event_fields"] is None
+
+
+NA_CASES = [
+    ({"pcie.link.width.current": "[N/A]", "pcie.link.width.max": "[N/A]"}, "pcie_width",
+     LABEL + ": PCIe link width not available (nvidia-smi reports N/A or Not Supported, or this driver lacks the "
+     "field)"),
+    ({"pcie.link.width.current": "[Not Supported]"}, "pcie_width",
+     LABEL + ": PCIe link width not available (current not available, max x16; nvidia-smi reports N/A or Not "
+     "Supported, or this driver lacks the field)"),
+    ({"pcie.link.gen.current": "[N/A]", "pcie.link.gen.max": "[Not Supported]"}, "pcie_gen",
+     LABEL + ": PCIe link generation not available (nvidia-smi reports N/A or Not Supported, or this driver lacks "
+     "the field)"),
+    ({"ecc.errors.uncorrected.volatile.total": "[N/A]"}, "ecc_errors",
+     LABEL + ": uncorrected ECC error count not available; retired pages pending not available (GPUs from Ampere "
+     "on remap rows instead: see row_remap)"),
+    ({"ecc.errors.uncorrected.volatile.total": "[Not Supported]", "retired_pages.pending": "No"}, "ecc_errors",
+     LABEL + ": uncorrected ECC error count not available; no retired pages pending"),
+    ({"ecc.mode.current": "[N/A]"}, "ecc_mode",
+     LABEL + ": ECC mode not available (nvidia-smi reports N/A or Not Supported, or this driver lacks the field)"),
+    ({"persistence_mode": "[Not Supported]"}, "persistence",
+     LABEL + ": persistence mode not available (nvidia-smi reports N/A or Not Supported, or this driver lacks the "
+     "field)"),
+    ({"mig.mode.current": "[N/A]", "mig.mode.pending": "[N/A]"}, "mig",
+     LABEL + ": MIG mode not available (nvidia-smi reports N/A or Not Supported, or this driver lacks the field)"),
+    ({"compute_mode": "[N/A]"}, "compute_mode",
+     LABEL + ": compute mode not available (nvidia-smi reports N/A or Not Supported, or this driver lacks the field)"),
+    (dict((f, "[Not Supported]") for f in n.HEALTH_FIELDS if f.startswith("clocks_event_reasons.")), "clocks",
+     LABEL + ": clock event reasons (thermal and power-brake slowdown) not available (nvidia-smi reports N/A or Not "
+     "Supported, or this driver lacks the field)"),
+    # per-reason fields N/A, the bit mask readable: the mask's bits are the reading
+    (dict((f, "[N/A]") for f in n.HEALTH_FIELDS if f.startswith(("clocks_event_reasons.h", "clocks_event_reasons.s"))),
+     "clocks", LABEL + ": no thermal or power-brake slowdown"),
+    ({"clocks_event_reasons.active": "[N/A]", "clocks_event_reasons.hw_power_brake_slowdown": "[N/A]"}, "clocks",
+     LABEL + ": no HW slowdown, HW thermal slowdown, SW thermal slowdown; HW power brake not available"),
+]
+
+
+@pytest.mark.parametrize("values,check,message", NA_CASES)
+def test_n_a_and_not_supported_readings_say_not_available(monkeypatch, tmp_path, values, check, message):
+    q = Q
+    for field, value in values.items():
+        q = fault(q, field, value)
+    _s, result, _host = run(monkeypatch, tmp_path, query=(0, q))
+    h = health(result)
+    assert h["checks"][check]["gpus"]["0"] == {"status": "pass", "message": message}
+    assert h["gpus"][0]["checks"][check]["message"] == message
+    assert h["checks"]["gpu_state"]["status"] == "pass" and h["gpus"][0]["error_states"] == {}
+    assert not any("None" in m for m in all_messages(h))
+
+
+def test_a_na_reading_next_to_a_slowdown_never_prints_none(monkeypatch, tmp_path):
+    q = cells(Q, clocks_event_reasons__hw_slowdown="Active", temperature__gpu="[N/A]", power__draw="[Not Supported]")
+    _s, result, _host = run(monkeypatch, tmp_path, query=(0, q))
+    assert health(result)["warnings"] == [
+        LABEL + ": clocks held down by HW slowdown (not available C, not available of 700.0 W): check cooling, fans "
+        "and the power supply / power brake cable"]
+
+
+def test_remapped_rows_n_a_is_not_good_news(monkeypatch, tmp_path):
+    na = cap("remapped_rows.out").replace("0, 0, No, No", "[N/A], [N/A], [N/A], [N/A]")
+    _s, result, _host = run(monkeypatch, tmp_path, remap=(0, na))
+    assert health(result)["checks"]["row_remap"]["gpus"]["0"]["message"] == (
+        LABEL + ": row remapping not available (GPUs before Ampere: retired pages are checked instead)")
+    other = cap("remapped_rows.out").replace("ed3c5504", "00000000").replace("00:06.0", "00:07.0")
+    _s, result, _host = run(monkeypatch, tmp_path, remap=(0, other))
+    assert health(result)["checks"]["row_remap"]["gpus"]["0"]["message"] == (
+        LABEL + ": row remapping not available: --query-remapped-rows has no row for this GPU")
+
+
+# Live readings of a broken GPU: what nvidia-smi prints in their place.
+LIVE = ("ecc.errors.uncorrected.volatile.total", "ecc.errors.corrected.volatile.total", "pcie.link.gen.current",
+        "pcie.link.width.current", "clocks_event_reasons.active", "clocks_event_reasons.hw_slowdown",
+        "temperature.gpu", "power.draw")
+HINTS = {
+    "[GPU requires reset]": "drain the GPU and reset it (nvidia-smi -r -i 0) or reboot the host; the kernel log says "
+                            "why (dmesg | grep -i xid)",
+    "[GPU is lost]": "the GPU has fallen off the bus: drain the host and reboot it, check the slot, riser and power "
+                     "cabling, and replace the GPU if it comes back; the kernel log says why (dmesg | grep -i xid)",
+    "[Unknown Error]": "drain the GPU and reset it (nvidia-smi -r -i 0) or reboot the host; the kernel log says why "
+                       "(dmesg | grep -i xid)",
+    "[Insufficient Permissions]": "this user may not read the GPU: run the check as root (become: true) or give the "
+                                  "user access to /dev/nvidia*",
+    "[Timeout]": "drain the GPU and reset it (nvidia-smi -r -i 0) or reboot the host; the kernel log says why "
+                 "(dmesg | grep -i xid)",
+}
+
+
+@pytest.mark.parametrize("state", sorted(HINTS))
+def test_a_gpu_in_a_bracketed_error_state_fails_naming_it(monkeypatch, tmp_path, state):
+    q = Q
+    for field in LIVE:
+        q = fault(q, field, state)
+    _s, result, _host = run(monkeypatch, tmp_path, query=(0, q))
+    h = health(result)
+    assert h["status"] == "fail" and h["checks"]["gpu_state"]["status"] == "fail"
+    assert h["failures"] == [
+        "GPU 0 (00000000:00:06.0, %s) is in an error state: nvidia-smi reads %s (%s); no reading of this GPU can be "
+        "trusted: %s" % (UUID, state, ", ".join(LIVE), HINTS[state])]
+    gpu = h["gpus"][0]
+    assert gpu["status"] == "fail" and gpu["checks"]["gpu_state"]["status"] == "fail"
+    assert gpu["error_states"] == dict((f, state) for f in LIVE)
+    readable = "not readable (ecc.errors.uncorrected.volatile.total %s; see the gpu_state check)" % state
+    assert gpu["checks"]["ecc_errors"]["message"] == (
+        LABEL + ": uncorrected ECC error count %s; retired pages pending not available (GPUs from Ampere on remap "
+        "rows instead: see row_remap)" % readable)
+    assert gpu["checks"]["pcie_width"]["message"] == (
+        LABEL + ": PCIe link width not readable (current not available, max x16; pcie.link.width.current %s; see the "
+        "gpu_state check)" % state)
+    assert gpu["checks"]["clocks"]["message"] == (
+        LABEL + ": clock event reasons (thermal and power-brake slowdown) not readable (clocks_event_reasons.active "
+        "%s, clocks_event_reasons.hw_slowdown %s; see the gpu_state check)" % (state, state))
+    for message in all_messages(h):
+        assert "None" not in message and not any(good in message for good in GOOD_NEWS), message
+
+
+def test_a_lost_gpu_without_a_readable_uuid_or_bus_id_is_named_by_index(monkeypatch, tmp_path):
+    q = cells(Q, uuid="[GPU is lost]", pci__bus_id="[GPU is lost]", temperature__gpu="[GPU is lost]")
+    log = tmp_path / "kern.log"
+    log.write_text("[ 1.0] NVRM: Xid (PCI:0000:00:06): 79, GPU has fallen off the bus.\n")
+    _s, result, _host = run(monkeypatch, tmp_path, {"kernel_log": str(log)}, query=(0, q))
+    h = health(result)
+    assert h["failures"][0] == (
+        "GPU 0 (bus id not readable, uuid not readable) is in an error state: nvidia-smi reads [GPU is lost] (uuid, "
+        "pci.bus_id, temperature.gpu); no reading of this GPU can be trusted: " + HINTS["[GPU is lost]"])
+    assert h["checks"]["row_remap"]["gpus"]["0"]["message"] == (
+        "GPU 0 (bus id [GPU is lost]): row remapping not available: --query-remapped-rows has no row for this GPU")
+    assert "PCI 0000:00:06: Xid 79" in h["failures"][1]  # the Xid can no longer be matched to the GPU
+
+
+def test_mixed_states_and_remapped_rows_in_an_error_state(monkeypatch, tmp_path):
+    q = cells(Q, power__draw="[Unknown Error]", pcie__link__gen__current="[GPU requires reset]")
+    remap = cap("remapped_rows.out").replace("0, 0, No, No", "0, 0, [GPU requires reset], No")
+    _s, result, _host = run(monkeypatch, tmp_path, query=(0, q), remap=(0, remap))
+    h = health(result)
+    assert h["failures"] == [
+        "GPU 0 (00000000:00:06.0, %s) is in an error state: nvidia-smi reads [GPU requires reset] "
+        "(pcie.link.gen.current, remapped_rows.pending) and [Unknown Error] (power.draw); no reading of this GPU can "
+        "be trusted: drain the GPU and reset it (nvidia-smi -r -i 0) or reboot the host; the kernel log says why "
+        "(dmesg | grep -i xid)" % UUID]
+    assert h["checks"]["row_remap"]["gpus"]["0"]["message"] == (
+        LABEL + ": row remapping not readable (remapped_rows.pending [GPU requires reset]; see the gpu_state check)")
+
+
+def test_the_gpu_state_check_takes_a_severity(monkeypatch, tmp_path):
+    q = cells(Q, temperature__gpu="[Unknown Error]")
+    _s, result, _host = run(monkeypatch, tmp_path, {"severities": {"gpu_state": "warn"}}, query=(0, q))
+    h = health(result)
+    assert h["status"] == "warn" and h["warnings"][0].startswith("GPU 0 (00000000:00:06.0, %s) is in an error" % UUID)
+    _s, result, _host = run(monkeypatch, tmp_path, query=(0, Q))
+    assert health(result)["checks"]["gpu_state"]["gpus"]["0"] == {
+        "status": "pass", "message": LABEL + ": no reading in an error state"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(state=st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="[],"),
+                     min_size=1, max_size=30).filter(
+                         lambda t: t.strip() == t and "[%s]" % t not in n.NO_VALUE_SPELLINGS),
+       fields=st.lists(st.sampled_from([f for f in n.HEALTH_FIELDS if f not in ("index", "uuid", "pci.bus_id")]),
+                       min_size=1, max_size=5, unique=True))
+def test_any_bracketed_state_in_any_reading_fails_the_gpu(monkeypatch, tmp_path, state, fields):
+    q = Q
+    for field in fields:
+        q = fault(q, field, "[%s]" % state)
+    _s, result, _host = run(monkeypatch, tmp_path, query=(0, q))
+    h = health(result)
+    assert h["status"] == "fail" and h["gpus"][0]["status"] == "fail"
+    ordered = [f for f in n.HEALTH_FIELDS if f in fields]
+    assert ("nvidia-smi reads [%s] (%s)" % (state, ", ".join(ordered))) in h["checks"]["gpu_state"]["problems"][0]
+    assert not any("None" in m for m in all_messages(h))
