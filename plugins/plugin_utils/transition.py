@@ -15,9 +15,10 @@ Inputs are what the host runs *now*, read from each instance unit's main process
 be read), not the recorded plan: after a run that failed half-way, the next run starts from the truth
 and resumes without a hand on the node.
 
-The order: the instances to (re)start are taken in the plan's order; the first whose resources are
-free (or held only by itself, by removed instances, or by settled instances the plan lets it share
-GPUs with) goes next. When none is free (a cycle: two instances swapping GPUs), the first is started
+The order: the instances to (re)start are taken in the plan's order, those that serve nothing now (new
+or stopped) before those that run (make before break); the first whose resources are free (or held
+only by itself, by removed instances, or by settled instances the plan lets it share GPUs with) goes
+next. When none is free (a cycle: two instances swapping GPUs), the first is started
 after stopping those that hold what it needs; they start later in the order. Removed instances
 that are in nobody's way stop last, so a renamed instance serves its model with no gap when it can.
 
@@ -224,7 +225,8 @@ def plan_transition(live, instances, restart, recorded=None, plan=None, prune=Tr
 
     while pending:
         chosen = None
-        for name in pending:
+        # make before break: instances that serve nothing now (new, stopped) start before running ones restart
+        for name in [n for n in pending if n not in holders] + [n for n in pending if n in holders]:
             blocking = [b for b, _o in blockers(name) if not holders[b]["removed"] or holders[b]["fixed"]]
             if not blocking:
                 chosen = name

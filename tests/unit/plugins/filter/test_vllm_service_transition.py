@@ -150,6 +150,16 @@ def test_a_renamed_instance_starts_before_the_old_name_stops_when_they_share_not
     assert result["gaps"] == [] and result["removed"] == ["a"]
 
 
+def test_make_before_break_a_renamed_instance_starts_before_its_neighbour_restarts():
+    """TP 1 -> 2 onto the GPU a renamed neighbour leaves: the new name starts first, so m keeps an instance."""
+    old = plan([{"name": "a", "model": "m", "gpus": [0]}, {"name": "b", "model": "m", "gpus": [2]}])
+    new = plan([{"name": "a", "model": "m", "gpus": [2, 3], "tensor_parallel_size": 2},
+                {"name": "c", "model": "m", "gpus": [1]}])
+    result = check(old, new)
+    assert [(s["action"], s["name"]) for s in result["steps"]] == [("stop", "b"), ("restart", "c"), ("restart", "a")]
+    assert result["gaps"] == []
+
+
 def test_a_renamed_instance_on_a_free_gpu_still_waits_for_the_old_names_vllm_port_range():
     old = plan([{"name": "a", "model": "m", "gpus": [0], "port": 8000}])
     new = plan([{"name": "c", "model": "m", "gpus": [1], "port": 8001}])
