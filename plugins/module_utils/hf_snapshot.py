@@ -14,9 +14,12 @@ Design in brief (details in docs/weights.md):
   for the same pinned sha whose files still carry the recorded stat makes no HTTP request at all.
   ``ctime`` cannot be set from user space, so a file rewritten in place with its old size and mtime
   put back is still noticed and re-verified.
-* Files are downloaded one by one with ``hf_hub_download`` (``local_dir`` mode) in a thread pool,
-  each verified right after its download (size; sha256 for LFS files and the git blob sha1 for
-  the others with ``verify=sha256``), re-downloaded once on a mismatch, then reported by name.
+* Files are downloaded in a thread pool, each verified right after its download (size; sha256 for
+  LFS files and the git blob sha1 for the others with ``verify=sha256``), re-downloaded once on a
+  mismatch, then reported by name. From an endpoint other than the Hub that serves byte ranges
+  (the fan-out mirror), a file comes in parallel ranges hashed in the same pass and resumable per
+  chunk (module_utils/range_fetch.py); otherwise, and from the Hub itself (Xet), with
+  ``hf_hub_download`` (``local_dir`` mode).
 """
 from __future__ import annotations
 
@@ -32,10 +35,20 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from ansible_collections.inferops.vllm.plugins.module_utils import range_fetch
+
 MANIFEST_NAME = ".inferops-verified.json"
 MANIFEST_FORMAT = 1
 LOCK_NAME = os.path.join(".cache", "inferops-hf_snapshot.lock")
 HF_DOWNLOAD_DIR = os.path.join(".cache", "huggingface", "download")
+# Partial files of the parallel-range path (range_fetch), with their chunk state; kept across runs.
+PARTIAL_DIR = os.path.join(".cache", "inferops", "partial")
+PARTIAL_SUFFIX = ".part"
+DEFAULT_RANGE_CONNECTIONS = 4
+DEFAULT_RANGE_CHUNK_MIB = 32
+# Endpoints served through huggingface_hub (Xet) even when given explicitly.
+HUB_HOSTS = ("huggingface.co", "hf.co")
+XET_ENV_RE = re.compile(r"^HF_XET_[A-Z0-9_]+$")
 
 # Weights (*.safetensors), configs (*.json: config, generation_config, index, tokenizer_config,
 # preprocessor...), tokenizers (tokenizer.json / tokenizer.model / *.model sentencepiece files,
@@ -296,6 +309,30 @@ def read_token_file(path):
     raise SnapshotError("token_file %s holds neither a bare token nor an HF_TOKEN= line" % path)
 
 
+def xet_environment(settings):
+    """Validated {HF_XET_*: str} from the ``xet_environment`` option (hf_xet reads them at start)."""
+    out = {}
+    for key, value in sorted((settings or {}).items()):
+        if not XET_ENV_RE.match(str(key)):
+            raise SnapshotError("xet_environment: %s is not an HF_XET_* variable" % key)
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        out[str(key)] = str(value)
+    return out
+
+
+def ranged_endpoint(endpoint):
+    """True when ``endpoint`` may be fetched with parallel ranges: given, http(s), not the Hub itself."""
+    if not endpoint:
+        return False
+    from urllib.parse import urlsplit
+    parts = urlsplit(endpoint)
+    host = (parts.hostname or "").lower()
+    if parts.scheme not in ("http", "https") or not host:
+        return False
+    return not any(host == h or host.endswith("." + h) for h in HUB_HOSTS)
+
+
 # --------------------------------------------------------------------------------------------
 # Manifest
 # --------------------------------------------------------------------------------------------
@@ -392,6 +429,7 @@ class Progress(object):
         self.files_total = self.files_done = 0
         self.bytes_total = self.bytes_done = 0
         self.hash_total = self.hash_done = 0
+        self.bytes_partial = 0  # bytes of files still being fetched by the parallel-range path
         self.started = time.time()
         self._samples = []
         self._stop = threading.Event()
@@ -405,6 +443,22 @@ class Progress(object):
     def add_hashed(self, n):
         with self.lock:
             self.hash_done += n
+
+    def add_partial(self, n):
+        """Bytes written by a parallel-range fetch (any connection, any offset)."""
+        with self.lock:
+            self.bytes_partial += n
+
+    def add_resumed(self, n):
+        """Bytes a resumed file already had: counted as done, but not as transferred (rate, ETA)."""
+        with self.lock:
+            self.bytes_partial += n
+            self._samples = [(t, b + n) for t, b in self._samples]
+
+    def drop_partial(self, n):
+        """A ranged file ended (done: add_done follows; failed: its bytes no longer count)."""
+        with self.lock:
+            self.bytes_partial -= n
 
     def _partial_bytes(self):
         total = 0
@@ -422,7 +476,7 @@ class Progress(object):
     def snapshot(self):
         now = time.time()
         with self.lock:
-            done = self.bytes_done + self._partial_bytes()
+            done = self.bytes_done + self.bytes_partial + self._partial_bytes()
             hashing = self.phase in ("hashing", "verifying")
             cur, tot = (self.hash_done, self.hash_total) if hashing else (done, self.bytes_total)
             self._samples.append((now, cur))
@@ -572,6 +626,15 @@ class Snapshot(object):
         self.progress = Progress(None if check_mode else params.get("progress_file"), self.repo_id,
                                  incomplete_dir=os.path.join(self.dest, HF_DOWNLOAD_DIR))
         self.hub_contacted = False
+        self.range_connections = max(0, int(params.get("range_connections", DEFAULT_RANGE_CONNECTIONS)))
+        self.range_chunk = max(1, int(params.get("range_chunk_mib", DEFAULT_RANGE_CHUNK_MIB))) << 20
+        self.ranged = self.range_connections > 0 and ranged_endpoint(params.get("endpoint"))
+        self.tree = {}
+        self.transfer = {"method": "none", "range_connections": self.range_connections,
+                         "range_chunk_bytes": self.range_chunk, "files_ranged": 0, "files_library": 0,
+                         "resumed_bytes": 0, "range_requests": 0, "range_retries": 0, "fallback": None,
+                         "xet_environment": {}}
+        self._tlock = threading.Lock()
 
     # ---- small utilities ---------------------------------------------------------------
     def _abs(self, rel):
@@ -660,14 +723,42 @@ class Snapshot(object):
         entries = self._retry("list files", listing)
         return sha, tree_from_entries(entries), "hub"
 
-    def remove_stale(self):
+    def _part(self, rel):
+        return os.path.join(self.dest, PARTIAL_DIR, *rel.split("/")) + PARTIAL_SUFFIX
+
+    def remove_stale(self, keep=()):
         """Delete .incomplete leftovers of earlier (killed) processes, and the library's .lock files.
 
         Runs under our own lock, so no other hf_snapshot process is writing there. Returns the count
-        and bytes of partial files (the empty .lock files are not worth reporting).
+        and bytes of partial files (the empty .lock files are not worth reporting). Partial files of
+        the parallel-range path are kept for the paths in ``keep`` (they resume); others go.
         """
         top = os.path.join(self.dest, HF_DOWNLOAD_DIR)
         count = size = 0
+        keep_parts = set(self._part(rel) for rel in keep)
+        ptop = os.path.join(self.dest, PARTIAL_DIR)
+        for root, _dirs, names in os.walk(ptop):
+            for name in names:
+                p = os.path.join(root, name)
+                base = p[:-len(".json")] if name.endswith(PARTIAL_SUFFIX + ".json") else p
+                if base in keep_parts:
+                    continue
+                try:
+                    n = os.path.getsize(p)
+                    if not self.check_mode:
+                        os.remove(p)
+                except OSError:
+                    continue
+                if name.endswith(PARTIAL_SUFFIX):
+                    count += 1
+                    size += n
+        if not self.check_mode and os.path.isdir(ptop):
+            for root, _dirs, _names in sorted(os.walk(ptop), key=lambda w: -len(w[0])):
+                if root != ptop:
+                    try:
+                        os.rmdir(root)  # only empty ones go
+                    except OSError:
+                        pass
         for root, _dirs, names in os.walk(top):
             for name in names:
                 partial = name.endswith(".incomplete")
@@ -695,7 +786,88 @@ class Snapshot(object):
             except FileNotFoundError:
                 pass
 
+    def _count(self, key, n=1):
+        with self._tlock:
+            self.transfer[key] += n
+
     def _download_file(self, sha, rel):
+        """Fetch one file into place. Returns its digest when it was computed in the same pass, else None."""
+        meta = self.tree.get(rel)
+        if self.ranged and meta is not None:
+            try:
+                digest = self._fetch_ranges(sha, rel, meta)
+                self._count("files_ranged")
+                return digest
+            except range_fetch.RangeUnsupported as e:
+                with self._tlock:
+                    self.ranged = False  # the rest of the run goes through the library
+                    self.transfer["fallback"] = "%s: %s" % (rel, e)
+            except range_fetch.HTTPStatusError as e:
+                # the library names the endpoint's errors in the Hub's terms (RepoNotFound, 410 ...)
+                with self._tlock:
+                    self.transfer["fallback"] = "%s: %s" % (rel, e)
+        self._download_file_hf(sha, rel)
+        self._count("files_library")
+        return None
+
+    def _fetch_ranges(self, sha, rel, meta):
+        """The parallel-range path (module_utils/range_fetch.py): probe, fetch + hash, rename into place."""
+        url = range_fetch.file_url(self.p["endpoint"], self.repo_id, sha, rel)
+        headers = {"User-Agent": "inferops-vllm/hf_snapshot"}
+        if self.token:
+            headers["Authorization"] = "Bearer %s" % self.token
+        timeout = float(self.p.get("timeout", 10))
+        size = int(meta["size"])
+        part = self._part(rel)
+        # an HTTP error answer is not retried here: the library's path takes the file and names the error
+        got = call_with_retries(lambda: range_fetch.probe(url, size, headers, timeout, sha), self.retries, self.backoff,
+                                fatal=lambda e: isinstance(e, range_fetch.HTTPStatusError) or is_fatal(e),
+                                sleep=self.sleep, on_retry=self._on_retry("probe %s" % rel))
+        if not got["ranged"]:
+            range_fetch.remove_partial(part)
+            raise range_fetch.RangeUnsupported(got["reason"])
+        kind = content_kind(meta) if self.verify == "sha256" else None
+        counted = [0]
+
+        def on_bytes(n):
+            counted[0] += n
+            self.progress.add_partial(n)
+
+        def on_resumed(n):
+            counted[0] += n
+            self.progress.add_resumed(n)
+        self._forget_local(rel)
+        try:
+            stats = range_fetch.fetch(url, part, size, kind, expected_digest(meta), headers=headers,
+                                      connections=self.range_connections, chunk=self.range_chunk, timeout=timeout,
+                                      retries=self.retries, backoff=self.backoff, on_bytes=on_bytes,
+                                      on_resumed=on_resumed, on_retry=self._on_retry("download %s" % rel),
+                                      sleep=self.sleep)
+        except range_fetch.RangeUnsupported:
+            range_fetch.remove_partial(part)
+            raise
+        finally:
+            self.progress.drop_partial(counted[0])
+        with self._tlock:
+            self.transfer["resumed_bytes"] += stats["resumed_bytes"]
+            self.transfer["range_requests"] += stats["requests"]
+            self.transfer["range_retries"] += stats["retries"]
+        digest = stats["digest"]
+        if digest is not None and digest != expected_digest(meta):
+            range_fetch.remove_partial(part)  # the next attempt fetches the whole file again
+            return digest
+        final = self._abs(rel)
+        parent = os.path.dirname(final)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, exist_ok=True)
+        os.replace(part, final)
+        try:
+            os.remove(part + ".json")
+        except FileNotFoundError:
+            pass
+        return digest
+
+    def _download_file_hf(self, sha, rel):
         hf = self._hf()
 
         def once():
@@ -707,14 +879,21 @@ class Snapshot(object):
                 etag_timeout=float(self.p.get("timeout", 10)), library_name="inferops-vllm")
         self._retry("download %s" % rel, once)
 
-    def _check_file(self, rel, meta, content):
-        """(ok, detail) for a file on disk against the Hub metadata."""
+    def _check_file(self, rel, meta, content, digest=None):
+        """(ok, detail) for a file on disk against the Hub metadata.
+
+        ``digest``: computed while the file was fetched (parallel-range path); then the file is not
+        read again. A wrong digest means the file was never renamed into place.
+        """
+        if content and digest is not None and digest != expected_digest(meta):
+            kind = content_kind(meta)
+            return False, {"path": rel, "reason": kind, "expected": expected_digest(meta), "actual": digest}
         st = self._stat(rel)
         if st is None or isinstance(st, _NotRegular):
             return False, {"path": rel, "reason": "missing after download"}
         if st.st_size != meta["size"]:
             return False, {"path": rel, "reason": "size", "expected": meta["size"], "actual": st.st_size}
-        if content:
+        if content and digest is None:
             kind = content_kind(meta)
             digest = hash_file(self._abs(rel), kind, self.progress.add_hashed)
             if digest != expected_digest(meta):
@@ -732,8 +911,8 @@ class Snapshot(object):
             for attempt in (1, 2):
                 if stop.is_set():
                     return
-                self._download_file(sha, rel)
-                ok, detail = self._check_file(rel, meta, content)
+                digest = self._download_file(sha, rel)
+                ok, detail = self._check_file(rel, meta, content, digest)
                 if ok:
                     self.progress.add_done(meta["size"])
                     done.append((rel, attempt))
@@ -802,6 +981,9 @@ class Snapshot(object):
             except (OSError, UnicodeDecodeError) as e:
                 raise SnapshotError("cannot read token_file %s: %s" % (self.p["token_file"], getattr(e, "strerror", None) or e))
             self.on_secret(self.token)
+        xet_env = xet_environment(self.p.get("xet_environment"))
+        os.environ.update(xet_env)  # before huggingface_hub (and hf_xet) are imported
+        self.transfer["xet_environment"] = xet_env
 
         manifest_any = load_manifest(self.dest, self.repo_id)
         if not is_commit_sha(self.revision) or manifest_any is None or manifest_any.get("sha") != self.revision:
@@ -881,9 +1063,13 @@ class Snapshot(object):
         to_download = sorted(plan["missing"] + repaired)
         missing_bytes = sum(tree[p]["size"] for p in to_download)
         reclaimable = sum(max(0, getattr(self._stat(p), "st_size", 0)) for p in repaired)
+        self.tree = tree
 
-        # 2. Stale partial downloads of killed runs (never resumed by huggingface_hub).
-        stale_count, stale_bytes = self.remove_stale()
+        # 2. Stale partial downloads of killed runs (never resumed by huggingface_hub); the partial
+        # files of the parallel-range path resume, for the files still to fetch, and hold their space.
+        keep = to_download if self.ranged else ()
+        stale_count, stale_bytes = self.remove_stale(keep)
+        reclaimable += sum(range_fetch.partial_bytes(self._part(p), tree[p]["size"]) for p in keep)
 
         # 3. Disk space, before a single byte is fetched.
         free = free_bytes_at(self.dest)
@@ -942,6 +1128,9 @@ class Snapshot(object):
             for p, _attempt in done:
                 new_records[p] = dict(stat_key(self._stat(p)), verified=content_level)
             self.remove_stale()  # the library leaves its .lock files behind
+            t = self.transfer
+            t["method"] = ("ranges" if not t["files_library"] else
+                           "huggingface_hub" if not t["files_ranged"] else "mixed")
 
         # 5. Completeness against the weight index(es).
         self.progress.set_phase("verifying")
@@ -993,6 +1182,7 @@ class Snapshot(object):
             "throughput_mib_s": round(bytes_downloaded / dl_seconds / 1048576.0, 1) if dl_seconds > 0 else 0.0,
             "hub_contacted": self.hub_contacted or bool(done),
             "retries": self.retry_log,
+            "transfer": self.transfer,
         })
         return result
 

@@ -16,6 +16,13 @@ description:
     Hub's file metadata) plus O(disk_margin_mib) and fails with both numbers when they do not fit.
   - Removes the C(.incomplete) and C(.lock) files that killed runs leave under
     C(<dest>/.cache/huggingface/download/) (C(huggingface_hub) never resumes them across processes).
+    Partial files of the parallel-range path (C(<dest>/.cache/inferops/partial/)) are kept and resumed.
+  - From an O(endpoint) other than the Hub that serves files with byte ranges (the collection's
+    fan-out mirror, the test Hub, plain HTTP mirrors), large files are fetched with
+    O(range_connections) parallel C(Range) requests into a preallocated partial file, hashed in the
+    same pass (no second read), resumed per chunk by a later run, and renamed into place only when
+    complete and verified. An endpoint that does not announce or honour ranges, or redirects, is
+    served through C(huggingface_hub) as before; so is the Hub itself (Xet, see O(xet_environment)).
   - Verifies every file against the Hub's metadata - size always; with O(verify=sha256) the sha256
     of LFS files and the git blob sha1 of the other files, hashed in parallel. A file that fails is
     downloaded again once; if it fails again the task fails naming it.
@@ -100,6 +107,27 @@ options:
         many cores, more parallel files help.
     type: int
     default: 0
+  range_connections:
+    description:
+      - Parallel C(Range) requests per file from an endpoint that accepts them (not the Hub, which
+        serves through Xet). C(0) never uses ranges (always C(huggingface_hub)).
+      - Each connection holds a 1 MiB read buffer; the whole file is hashed by one more thread.
+    type: int
+    default: 4
+  range_chunk_mib:
+    description:
+      - Size of one range request, in MiB; also the unit in which an interrupted file resumes.
+      - The hasher follows the file at most about O(range_connections) x O(range_chunk_mib) behind the
+        fastest connection, in the page cache.
+    type: int
+    default: 32
+  xet_environment:
+    description:
+      - C(HF_XET_*) environment variables set in the module's process before C(huggingface_hub) and
+        C(hf_xet) start, for downloads from the Hub through Xet (for example
+        C(HF_XET_HIGH_PERFORMANCE=1)). Other names are refused.
+    type: dict
+    default: {}
   hash_workers:
     description: Threads for hashing files already on disk. C(0) means the number of CPUs, at most 8.
     type: int
@@ -284,6 +312,16 @@ hub_contacted:
   returned: always
   type: bool
   sample: false
+transfer:
+  description:
+    - How the files were fetched. C(method) C(ranges) (parallel ranges, hashed in the same pass),
+      C(huggingface_hub), C(mixed) or C(none); C(files_ranged) and C(files_library); C(resumed_bytes)
+      (partial files of an earlier run reused); C(range_requests) and C(range_retries); C(fallback)
+      (why the library took over, or null); C(xet_environment) (the C(HF_XET_*) variables set).
+  returned: success
+  type: dict
+  sample: {method: ranges, range_connections: 4, range_chunk_bytes: 33554432, files_ranged: 10, files_library: 0,
+           resumed_bytes: 0, range_requests: 74, range_retries: 0, fallback: null, xet_environment: {}}
 retries:
   description: Transient failures that were retried (what, attempt, delay_s, error).
   returned: success
@@ -318,6 +356,9 @@ def main():
             reverify=dict(type="bool", default=False),
             max_workers=dict(type="int", default=0),
             hash_workers=dict(type="int", default=0),
+            range_connections=dict(type="int", default=4),
+            range_chunk_mib=dict(type="int", default=32),
+            xet_environment=dict(type="dict", default={}),
             retries=dict(type="int", default=5),
             retry_backoff=dict(type="float", default=2.0),
             timeout=dict(type="float", default=10),
@@ -332,6 +373,8 @@ def main():
     )
     if module.params["max_workers"] < 0 or module.params["hash_workers"] < 0:
         module.fail_json(msg="max_workers and hash_workers must not be negative")
+    if module.params["range_connections"] < 0 or module.params["range_chunk_mib"] < 1:
+        module.fail_json(msg="range_connections must not be negative and range_chunk_mib must be at least 1")
     if module.params["retries"] < 0:
         module.fail_json(msg="retries must not be negative")
 

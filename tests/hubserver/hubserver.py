@@ -27,7 +27,9 @@ Per repository (all optional):
 Fault injection (``ServerConfig``, changeable at run time through ``POST /_admin/config``):
 ``throttle_bps`` (per response body), ``die_after_bytes``/``die_times`` (send that many body bytes,
 then drop the connection, ``die_times`` times), ``error_status``/``error_times`` (answer a file GET
-with that HTTP status), each limited to paths matching ``fault_glob``.
+with that HTTP status), ``corrupt_times`` (flip the first body byte of that many file GET answers:
+one wrong range), each limited to paths matching ``fault_glob``; ``ranges: false`` serves every
+file whole, without ``Accept-Ranges`` (an endpoint that does not do ranges).
 ``GET /_admin/stats`` returns request counters; ``POST /_admin/reset`` clears them.
 
 CLI: ``python hubserver.py --root DIR --port 0 [--publish org/name=SRC_DIR ...]`` prints the port
@@ -239,6 +241,8 @@ class ServerConfig:
     fault_glob: str = "*"          # which resolve paths (repo-relative file paths) the faults apply to
     error_status: int = 0          # answer GET /resolve with this status (e.g. 500) ...
     error_times: int = 0           # ... that many times
+    corrupt_times: int = 0         # that many file GET responses get their first body byte flipped
+    ranges: bool = True            # False: no Accept-Ranges, a Range header is ignored (200, whole file)
     lfs_redirect: bool = False     # LFS files: HEAD/GET /resolve answer 302 to a "CDN" origin
     page_size: int = 1000          # tree listing page size (the Hub caps at 1000)
     chunk: int = 1 << 20
@@ -500,7 +504,9 @@ class HubHandler(BaseHTTPRequestHandler):
         self._json(200, page, headers)
 
     def _file_headers(self, sha: str, meta: dict) -> dict:
-        h = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
+        h = {"X-Repo-Commit": sha}
+        if self.server.config.ranges:
+            h["Accept-Ranges"] = "bytes"
         if "lfs" in meta:
             h["ETag"] = '"%s"' % meta["lfs"]["oid"]
             h["X-Linked-Etag"] = '"%s"' % meta["lfs"]["oid"]
@@ -552,7 +558,7 @@ class HubHandler(BaseHTTPRequestHandler):
     def _serve_file(self, full: str, rel: str, meta: dict, headers: dict, kind: str):
         size = meta["size"]
         start, end, status = 0, size - 1, 200
-        rng = self.headers.get("Range")
+        rng = self.headers.get("Range") if self.server.config.ranges else None
         if rng:
             m = re.match(r"^bytes=(\d*)-(\d*)$", rng.strip())
             if not m or (m.group(1) == "" and m.group(2) == ""):
@@ -586,12 +592,18 @@ class HubHandler(BaseHTTPRequestHandler):
                 if cfg.die_times > 0:
                     cfg.die_times -= 1
                     die_at = cfg.die_after_bytes
+        corrupt = False
+        if faulty and cfg.corrupt_times > 0 and length:
+            with self.server.lock:
+                if cfg.corrupt_times > 0:
+                    cfg.corrupt_times -= 1
+                    corrupt = True
         rate = cfg.throttle_bps if faulty else 0
         sent = 0
         try:
             with open(full, "rb") as f:
                 f.seek(start)
-                if rate <= 0 and die_at < 0:
+                if rate <= 0 and die_at < 0 and not corrupt:
                     sent = self.connection.sendfile(f, start, length) if length else 0
                     f.seek(start + sent)
                 else:
@@ -604,6 +616,8 @@ class HubHandler(BaseHTTPRequestHandler):
                         if n <= 0:
                             break
                         data = f.read(n)
+                        if corrupt and sent == 0:
+                            data = bytes([data[0] ^ 0xFF]) + data[1:]
                         self.wfile.write(data)
                         sent += len(data)
                         if rate > 0:

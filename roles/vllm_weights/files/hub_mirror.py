@@ -20,6 +20,8 @@ What it serves, from ``--root`` laid out as ``<root>/<org>/<name>/<sha>/`` (the 
 * ``GET /api/models/<org>/<name>[/revision/<sha>]``, ``GET /api/models/<org>/<name>/tree/<sha>[/<path>]``,
   ``HEAD|GET /<org>/<name>/resolve/<sha>/<path>`` (``X-Repo-Commit``, ``ETag``, ``X-Linked-Etag``,
   ``X-Linked-Size``, ``Range`` -> 206) and ``GET /_mirror/stats``. Revisions are commit shas only.
+  Copying hosts fetch large files in parallel ranges (``range_connections`` of ``hf_snapshot``),
+  one thread per connection here, each answered with ``sendfile`` from the page cache.
 
 Clients outside ``--allow`` (addresses or networks; none given = everyone) get 403. Nothing is
 written and no path from a URL reaches the file system except through the manifest's keys.
@@ -88,12 +90,12 @@ class Stats(object):
         self.refused = 0
         self.started = time.time()
 
-    def add(self, client, sent, file_body):
+    def add(self, client, sent, file_body, first=True):
         with self.lock:
             self.requests += 1
             self.bytes_sent += sent
             if file_body:  # clients: model file bytes per client address
-                self.files += 1
+                self.files += 1 if first else 0  # a file fetched in ranges counts once (its first byte)
                 self.clients[client] = self.clients.get(client, 0) + sent
 
     def as_dict(self):
@@ -335,7 +337,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
             if length:
                 sent = self.connection.sendfile(f, start, length)
         finally:
-            self.server.stats.add(self.client_address[0], sent, True)
+            self.server.stats.add(self.client_address[0], sent, True, first=start == 0)
 
 
 def main(argv=None):

@@ -112,7 +112,8 @@ def test_corrupted_shard_with_same_size_and_mtime_is_found_by_sha256_and_repaire
     from huggingface_hub import snapshot_download
 
     dest = tmp_path / "m"
-    run_inproc(base_params(hub, repos, dest, verify="sha256"))
+    # through the library, so that its own bookkeeping (.metadata) is there for the control below
+    run_inproc(base_params(hub, repos, dest, verify="sha256", range_connections=0))
     shard = "model-00002-of-00004.safetensors"
     corrupt_keep_size_and_mtime(str(dest / shard))
 
@@ -225,11 +226,13 @@ def test_bad_download_is_refetched_once_then_named(hub, repos, tmp_path, monkeyp
 # ------------------------------------------------------------------------------------------------
 
 def test_killed_run_leaves_partials_that_the_rerun_removes(hub, repos, tmp_path):
+    """The library's path (range_connections: 0): its partial files cannot resume, so they go."""
     dest = tmp_path / "m"
     bulk = "bulk-00001-of-00001.safetensors"
     hub.config.throttle_bps = 8 << 20  # the 16 MiB shard takes 2 s
     hub.config.fault_glob = "bulk-*"
-    proc = start_subprocess(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256"), tmp_path)
+    proc = start_subprocess(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256", range_connections=0),
+                            tmp_path)
     deadline = time.time() + 20
     while time.time() < deadline:
         sizes = [os.path.getsize(p) for p in partials(dest) if os.path.exists(p)]
@@ -246,7 +249,7 @@ def test_killed_run_leaves_partials_that_the_rerun_removes(hub, repos, tmp_path)
     assert not (dest / bulk).exists()
 
     hub.config.throttle_bps = 0
-    res = run_inproc(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256"))
+    res = run_inproc(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256", range_connections=0))
     assert res["changed"] is True and res["verification"]["result"] == "ok", res
     assert res["stale_removed"]["files"] >= 1 and res["stale_removed"]["bytes"] >= 1 << 20
     assert partials(dest) == []
@@ -256,13 +259,14 @@ def test_killed_run_leaves_partials_that_the_rerun_removes(hub, repos, tmp_path)
 
 
 def test_dropped_connection_resumes_with_range(hub, repos, tmp_path):
+    """The library's path (range_connections: 0) resumes a dropped connection itself."""
     from ansible_collections.inferops.vllm.plugins.module_utils.hf_snapshot import HTTP_CHUNK
 
     dest = tmp_path / "m"
     hub.config.fault_glob = "bulk-*"
     hub.config.die_after_bytes = 3 * HTTP_CHUNK + 1000  # the library writes, and resumes, whole chunks
     hub.config.die_times = 1
-    res = run_inproc(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256"))
+    res = run_inproc(base_params(hub, repos, dest, repo="acme/bulk", verify="sha256", range_connections=0))
     assert res["changed"] is True and not res.get("failed"), res
     assert hub.stats.dropped == 1
     ranged = [r for r in body_gets(hub) if r["path"].startswith("bulk-") and r["range"]]
