@@ -179,8 +179,9 @@ def render(role_dir: Path, current: str | None) -> str:
         GENERATED, "",
         " ".join(meta["description"].split()), "",
         f"Platforms: {platforms}. Ansible: ansible-core >= {meta.get('min_ansible_version')}. "
-        f"Argument specs: [meta/argument_specs.yml](meta/argument_specs.yml), defaults: "
-        f"[defaults/main.yml](defaults/main.yml).", "",
+        f"Argument specs: [meta/argument_specs.yml](meta/argument_specs.yml)"
+        + (", defaults: [defaults/main.yml](defaults/main.yml)." if (role_dir / "defaults/main.yml").exists()
+           else " (no defaults of its own)."), "",
         BEGIN, "",
     ]
     return "\n".join(head) + hand + "\n" + END + "\n\n" + generated(role, specs)

@@ -17,13 +17,14 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollo
 _READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect")
 
 
-def vllm_fleet_view(hostvars, hosts, play_hosts=None):
-    """Inventory host -> in_play, groups, addresses, interface, gpu_count, models_dir, ..."""
+def vllm_fleet_view(hostvars, hosts, play_hosts=None, groups=None):
+    """Inventory host -> in_play, groups, group_positions, addresses, interface, gpu_count, models_dir, ..."""
     if not isinstance(hosts, (list, tuple)):
         raise AnsibleFilterError(f"vllm_fleet_view: hosts must be a list of inventory host names, "
                                  f"got {type(hosts).__name__}")
     defaults = {name: PLAN_INPUTS[name][1] for name in _READ}
-    return fleet_view(hostvars, list(hosts), list(play_hosts if play_hosts is not None else hosts), defaults)
+    return fleet_view(hostvars, list(hosts), list(play_hosts if play_hosts is not None else hosts), defaults,
+                      groups=groups)
 
 
 def vllm_rank_groups(reports):
@@ -38,13 +39,13 @@ def vllm_rank_groups(reports):
                                  "instances (its plan's), units (unit -> active, since) and queued") from exc
 
 
-def vllm_rollout_plan(hostvars, order, batches=None, hosts=None):
+def vllm_rollout_plan(hostvars, order, batches=None, hosts=None, groups=None):
     """Rollout order and batch sizes that keep each instance spanning hosts in one batch; see vllm_rollout_plan.yml."""
     if not isinstance(order, (list, tuple)):
         raise AnsibleFilterError(f"vllm_rollout_plan: order must be a list of inventory host names, got {type(order).__name__}")
     defaults = {name: PLAN_INPUTS[name][1] for name in _READ}
     hosts = list(hosts) if hosts is not None else list(hostvars)
-    fleet = fleet_view(hostvars, hosts, hosts, defaults)
+    fleet = fleet_view(hostvars, hosts, hosts, defaults, groups=groups)
     try:
         return rollout_plan(fleet, list(order), [1, "25%", "100%"] if batches is None else batches)
     except (TypeError, ValueError) as exc:

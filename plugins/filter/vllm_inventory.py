@@ -1,26 +1,68 @@
 # Apache License 2.0 (see LICENSE)
 """Filters that check and resolve the inventory's model and instance declarations.
 
-``vllm_inventory_problems`` returns the problems of the one normalisation
-(``plugins/plugin_utils/inventory.py``): one sentence per problem, each naming the host, the variable
-and the fix. ``vllm_instances_resolved`` merges each instance with what the planner needs to know about
-its model. ``vllm_cpu_plan`` plans a host without GPUs through the placement planner. The preflight
-role uses the ``vllm_plan`` filter, which runs all of these once.
+``vllm_inventory_problems`` returns every problem the plan can see before any host is contacted: the one
+normalisation of the models and instances (``plugins/plugin_utils/inventory.py``), the plan inputs
+(``host_plan.input_problems``) and, given an argument spec, the role's other variables
+(``role_options.option_problems``): one sentence per problem, each naming the host, the variable and the
+fix. It never raises: an unexpected error on odd input becomes one more problem.
+``vllm_instances_resolved`` merges each instance with what the planner needs to know about its model.
+``vllm_cpu_plan`` plans a host without GPUs through the placement planner. The preflight role uses the
+``vllm_plan`` filter, which runs all of these once.
 """
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
+from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import unexpected
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import PlanError, plan
+from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain, scrub
 
 # model facts the placement planner uses when they are known
 PLANNER_MODEL_KEYS = ("weights_bytes", "num_attention_heads", "num_key_value_heads")
 
 
-def vllm_inventory_problems(models, instances, host=None):
-    """Return a list of problems (empty when the declarations are consistent)."""
-    return normalise(models, instances, host=host)["problems"]
+def _read(variables, names, host):
+    """The variables of ``names`` that are set, each read (templated) on its own: a template that fails names its
+    variable instead of failing the whole check. ``variables``: a dict, or a host's ``hostvars`` (lazy)."""
+    values, problems, failed = {}, [], set()
+    for name in names:
+        try:
+            if name in variables:
+                values[name] = plain(variables[name])
+        except Exception as exc:  # pylint: disable=broad-exception-caught
+            problems.append(unexpected(host, exc, name))
+            failed.add(name)
+    return values, problems, failed
+
+
+def vllm_inventory_problems(models, instances, host=None, variables=None, spec=None):
+    """Return a list of problems (empty when the declarations are consistent); never raises.
+
+    ``variables``: the variables that are set (name -> value, or a host's ``hostvars``): the plan inputs among them
+    are checked as the plan reads them, the others named in ``spec`` (the ``options`` of an argument spec entry
+    point) against their types. With ``models`` and ``instances`` null, ``vllm_models`` and ``vllm_instances`` are
+    read from ``variables`` too. Each variable is read on its own.
+    """
+    try:
+        names = ["vllm_models", "vllm_instances"] + list(PLAN_INPUTS)
+        names += [n for n in (plain(spec) or {}) if n not in names]
+        values, problems, failed = _read(variables if variables is not None else {}, names, host)
+        if models is None and instances is None:
+            models, instances = values.get("vllm_models"), values.get("vllm_instances")
+            if failed & {"vllm_models", "vllm_instances"}:
+                # one of them could not be read (named above): checking the other against it would only add noise
+                models, instances = {}, []
+        inputs = {k: v for k, v in values.items() if k in PLAN_INPUTS}
+        problems += inventory_problems(models, instances, inputs, host)
+        where = f"host {host}: " if host else ""
+        skip = set(PLAN_INPUTS) | {"vllm_models", "vllm_instances"}
+        problems += [where + p for p in option_problems(spec, values, skip=skip)] if spec else []
+        return [scrub(p) for p in problems]
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        return [unexpected(host, exc)]
 
 
 def vllm_instances_resolved(instances, models):

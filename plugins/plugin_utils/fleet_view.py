@@ -6,7 +6,7 @@ its hosts from that host's facts *and* the other ranks' facts and inventory. ``f
 that view once, from ``hostvars``, for the preflight role's plan step (filter
 ``inferops.vllm.vllm_fleet_view``):
 
-    inventory host -> {in_play, groups, addresses, interface, gpu_count, models_dir,
+    inventory host -> {in_play, groups, group_positions, addresses, interface, gpu_count, models_dir,
                        fast_interconnect, instances, models}
 
 ``addresses`` come from the network facts (``ansible.builtin.setup`` with ``gather_subset: network``,
@@ -70,14 +70,19 @@ def _prefix(netmask):
         return None
 
 
-def fleet_view(hostvars, hosts, play_hosts, defaults) -> dict:
+def fleet_view(hostvars, hosts, play_hosts, defaults, groups=None) -> dict:
     """The fleet view of ``hosts`` (inventory order) from ``hostvars``.
 
     ``play_hosts``: the play's hosts (``ansible_play_hosts_all``); ``defaults``: variable -> default
     for the inventory values read here (``vllm_install_models_dir``, ``vllm_service_network_interface``,
-    ``vllm_service_fast_interconnect``).
+    ``vllm_service_fast_interconnect``); ``groups``: Ansible's ``groups`` (group -> hosts in the group's
+    order), for ``group_positions``.
     """
     in_play = set(play_hosts or [])
+    positions = {}
+    for group, members in (groups.items() if isinstance(groups, Mapping) else ()):
+        for pos, member in enumerate(members if isinstance(members, (list, tuple)) else []):
+            positions.setdefault(member, {}).setdefault(group, pos)
     view = {}
     for host in hosts or []:
         hv = _get(hostvars, host, {}) or {}
@@ -91,6 +96,7 @@ def fleet_view(hostvars, hosts, play_hosts, defaults) -> dict:
         view[host] = {
             "in_play": host in in_play,
             "groups": list(_get(hv, "group_names", []) or []),
+            "group_positions": positions.get(host, {}),
             "addresses": interface_addresses(facts),
             "interface": var("vllm_service_network_interface") or "",
             "gpu_count": len(gpus) if isinstance(gpus, list) else 0,

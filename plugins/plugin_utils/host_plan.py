@@ -18,13 +18,16 @@ specs document them and a unit test keeps the two equal).
 """
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     IDLE_MAX_MIB,
     MEMORY_BASE,
     MEMORY_BASES,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import plan_frontdoors
-from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
+from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
     resolve as resolve_multinode,
@@ -40,11 +43,20 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
     NUMA_POLICY_MIN_SYSTEMD,
     ServiceSpecError,
+    env_problems,
     int_list,
     service_specs,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
+    as_bool,
+    as_int,
+    kind,
+    plain,
+    shown,
+)
 
-__all__ = ["PLAN_INPUTS", "PLAN_SCHEMA_VERSION", "PlanContractError", "build_plan", "plan_inputs"]
+__all__ = ["PLAN_INPUTS", "PLAN_SCHEMA_VERSION", "PlanContractError", "build_plan", "plan_inputs", "input_problems",
+           "inventory_problems", "address_problem"]
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -109,36 +121,202 @@ class PlanContractError(ValueError):
     def __init__(self, problems, host=None):
         self.problems = list(problems)
         where = f"host {host}: " if host else ""
+        #: one sentence per problem, each naming a host (this one unless the problem names another)
+        self.lines = [p if p.startswith("host ") else f"{where}{p}" for p in self.problems]
         if len(self.problems) == 1:
-            text = f"{self.problems[0]}" if self.problems[0].startswith("host ") else f"{where}{self.problems[0]}"
+            text = self.lines[0]
         else:
             text = f"{where}{len(self.problems)} problems (nothing was changed):\n" + "\n".join(
                 f"  - {p}" for p in self.problems)
         super().__init__(text)
 
 
+#: Plan inputs with a fixed set of values, and inputs that are absolute paths. vllm_install_variant is not here:
+#: the install role's own check names its variants (vllm_install__variants), and the unit specs refuse others.
+_CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore")}
+_PATHS = ("vllm_install_prefix", "vllm_install_models_dir", "vllm_service_numactl", "vllm_service_cache_dir",
+          "vllm_service_config_dir", "vllm_service_tmp_dir")
+#: Integer plan inputs: (lowest, highest, what, extra values allowed).
+_RANGES = {
+    "vllm_service_vllm_port_base": (LOWEST_PORT, 65535, "a TCP port number", ()),
+    "vllm_service_vllm_port_stride": (1, 65535, "a number of ports", ()),
+    "vllm_service_idle_max_mib": (0, 1 << 30, "a number of MiB", ()),
+    "vllm_preflight_min_systemd_version": (1, 100000, "a systemd version number such as 243", ()),
+}
+_UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def address_problem(variable, value, allow_empty=False):
+    """Why ``value`` is not an address to bind to (an IP address or a host name, no port), or None."""
+    if allow_empty and value == "":
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return f"{variable} is {shown(value)} ({kind(value)}); use an address such as 127.0.0.1, 0.0.0.0 or ::"
+    if value == "*":
+        return None
+    if "://" in value:
+        return (f"{variable} is {value!r}, a URL; give the address only, e.g. "
+                f"{value.split('://', 1)[1].split('/')[0].rsplit(':', 1)[0] or '127.0.0.1'}")
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    port = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:\s]+):(\d+)", value)
+    if port:
+        address = port.group(1) or port.group(3)
+        number = port.group(2) or port.group(4)
+        if number is None:
+            return f"{variable} is {value!r}; give the IPv6 address without brackets: {address}"
+        return (f"{variable} is {value!r}, an address with a port; set {variable}: {address} and the port on each "
+                "instance (port; left out, the plan gives one from base_port)")
+    if any(c.isspace() for c in value) or not _HOSTNAME_RE.match(value):
+        return f"{variable} is {value!r}, neither an IP address nor a host name; use an address such as 0.0.0.0"
+    return None
+
+
+def input_problems(inputs):
+    """Every problem of the plan inputs given (variable -> value; None = unset), each naming the variable and fix."""
+    inputs = plain(inputs) if inputs is not None else {}
+    if not isinstance(inputs, dict):
+        return [f"the plan inputs must be a dict of variable -> value, got {kind(inputs)}"]
+    problems = []
+    for variable, (_option, default, _doc) in PLAN_INPUTS.items():
+        value = inputs.get(variable)
+        if value is None:
+            continue
+        said = f"{variable} is {shown(value)}"
+        if isinstance(default, bool):
+            if as_bool(value) is None:
+                problems.append(f"{said} ({kind(value)}); use true or false")
+        elif variable in ("vllm_frontdoor_metrics_port", "vllm_install_variant"):
+            continue  # checked with the front doors it serves (frontdoor.plan_frontdoors); by vllm_install
+        elif isinstance(default, int):
+            low, high, what, extra = _RANGES[variable]
+            num = as_int(value)
+            if num is None or not (low <= num <= high or num in extra):
+                problems.append(f"{said}; use {what} from {low} to {high}"
+                                + (" (the vLLM units run without capabilities, so no port below 1024)"
+                                   if low == LOWEST_PORT else ""))
+        elif isinstance(default, dict):
+            if variable == "vllm_preflight_plan_options":
+                problems.extend(_option_problems(value))
+            else:
+                env_problems(value, variable, problems)
+        elif not isinstance(value, str):
+            problems.append(f"{said} ({kind(value)}); use a string"
+                            + (f": one of {', '.join(_CHOICES[variable])}" if variable in _CHOICES else ""))
+        elif variable in _CHOICES and value not in _CHOICES[variable]:
+            problems.append(f"{said}; use one of {', '.join(_CHOICES[variable])}")
+        elif variable in _PATHS and not value.startswith("/") and not (variable == "vllm_service_tmp_dir"
+                                                                           and value == ""):
+            problems.append(f"{said}; use an absolute path (starting with /)")
+        elif variable == "vllm_service_host":
+            problems.extend(p for p in [address_problem(variable, value)] if p)
+        elif variable == "vllm_frontdoor_bind_address":
+            problems.extend(p for p in [address_problem(variable, value, allow_empty=True)] if p)
+        elif variable == "vllm_service_unit_prefix" and not _UNIT_PREFIX_RE.match(value):
+            problems.append(f"{said}; use characters valid in a systemd unit name (letters, digits, '_.@:-'), "
+                            "e.g. 'vllm-'")
+        elif variable == "vllm_service_network_interface" and any(c.isspace() or c == "/" for c in value):
+            problems.append(f"{said}; use the name of one network interface, e.g. eth1")
+    return problems
+
+
+def _option_problems(options):
+    """Problems of vllm_preflight_plan_options (a dict of the placement options)."""
+    where = "vllm_preflight_plan_options"
+    if not isinstance(options, dict):
+        return [f"{where} is {shown(options)} ({kind(options)}); use a dict such as {{reserve_mib: 4096}}, or {{}}"]
+    problems = []
+    known = list(PLAN_OPTION_DEFAULTS) + ["unit_prefix"]
+    unknown = sorted(str(k) for k in options if k not in known)
+    if unknown:
+        problems.append(f"{where} has unknown keys {', '.join(unknown)}; known: {', '.join(known)}")
+    for key in ("reserve_mib", "tolerance_mib", "base_port"):
+        value = options.get(key)
+        if value is None:
+            continue
+        num = as_int(value)
+        low, high = (LOWEST_PORT, 65535) if key == "base_port" else (0, 1 << 30)
+        if num is None or not low <= num <= high:
+            problems.append(f"{where}.{key} is {shown(value)}; use a whole number from {low} to {high}"
+                            + (" (the vLLM units run without capabilities, so no port below 1024)"
+                               if key == "base_port" else ""))
+    if options.get("use_uuids") is not None and as_bool(options["use_uuids"]) is None:
+        problems.append(f"{where}.use_uuids is {shown(options['use_uuids'])}; use true or false")
+    if options.get("memory_base") is not None and options["memory_base"] not in MEMORY_BASES:
+        problems.append(f"{where}.memory_base is {shown(options['memory_base'])}; use one of {', '.join(MEMORY_BASES)}")
+    prefix = options.get("unit_prefix")
+    if prefix is not None and (not isinstance(prefix, str) or not _UNIT_PREFIX_RE.match(prefix)):
+        problems.append(f"{where}.unit_prefix is {shown(prefix)}; use characters valid in a systemd unit name")
+    return problems
+
+
 def plan_inputs(inputs):
-    """The variables given (None = unset) -> every option with its default filled in."""
-    inputs = inputs or {}
+    """The variables given (None = unset) -> every option with its default filled in, typed.
+
+    Raises PlanContractError with every problem (``input_problems``) when an input is not usable.
+    """
+    problems = input_problems(inputs)
+    if problems:
+        raise PlanContractError(problems)
+    inputs = plain(inputs) or {}
     out = {}
     for variable, (option, default, _doc) in PLAN_INPUTS.items():
         value = inputs.get(variable)
-        out[option] = default if value is None else value
+        if value is None:
+            value = default
+        elif isinstance(default, bool):
+            value = as_bool(value)
+        elif isinstance(default, int) and as_int(value) is not None:
+            value = as_int(value)  # the metrics port is checked (and read) with the front doors
+        out[option] = value
     opts = dict(PLAN_OPTION_DEFAULTS)
-    if not isinstance(out["plan_options"], dict):
-        raise PlanContractError([f"vllm_preflight_plan_options must be a dict, got {out['plan_options']!r}"])
-    unknown = sorted(set(out["plan_options"]) - set(PLAN_OPTION_DEFAULTS) - {"unit_prefix"})
-    if unknown:
-        raise PlanContractError([f"vllm_preflight_plan_options has unknown keys {', '.join(unknown)}; "
-                                 f"known: {', '.join(PLAN_OPTION_DEFAULTS)}"])
-    opts.update({k: v for k, v in out["plan_options"].items() if v is not None})
-    if opts["memory_base"] not in MEMORY_BASES:
-        raise PlanContractError([f"vllm_preflight_plan_options.memory_base is {opts['memory_base']!r}; "
-                                 f"use one of {', '.join(MEMORY_BASES)}"])
-    if "unit_prefix" in out["plan_options"]:
+    opts.update({k: v for k, v in out["plan_options"].items() if v is not None and k != "unit_prefix"})
+    for key in ("reserve_mib", "tolerance_mib", "base_port"):
+        opts[key] = as_int(opts[key])
+    opts["use_uuids"] = as_bool(opts["use_uuids"])
+    if out["plan_options"].get("unit_prefix") is not None:
         out["unit_prefix"] = out["plan_options"]["unit_prefix"]
     out["plan_options"] = opts
     return out
+
+
+def inventory_problems(models, instances, inputs=None, host=None):
+    """Every problem the plan can see without the host's facts: the models, the instances, the plan inputs.
+
+    One sentence per problem, each naming the host, the variable and the fix; never raises. The validation
+    stage (controller, before any host is contacted) reports these; ``build_plan`` refuses the same.
+    """
+    where = f"host {host}: " if host else ""
+    problems = [where + p for p in input_problems(inputs)]
+    models_dir = PLAN_INPUTS["vllm_install_models_dir"][1]
+    given = plain(inputs) if isinstance(inputs, dict) else {}
+    if not problems and isinstance(given.get("vllm_install_models_dir"), str):
+        models_dir = given["vllm_install_models_dir"]
+    return problems + normalise(models, instances, host=host, models_dir=models_dir)["problems"]
+
+
+def cpu_rank_problems(records, online_cpus):
+    """A host without GPUs runs each rank of an instance on CPUs of its own: no more ranks than online CPUs."""
+    online = int_list(online_cpus)
+    if not online:
+        return []  # not known (a plan without facts): nothing to compare against
+    problems = []
+    for rec in records:
+        tp, pp = rec.get("tensor_parallel_size") or 1, rec.get("pipeline_parallel_size") or 1
+        if tp * pp > len(online):
+            share = " (this host's share of the instance)" if rec.get("multinode") else ""
+            problems.append(
+                f"vllm_instances[{rec.get('position', 0)}] ({rec.get('name')}): tensor_parallel_size {tp} x "
+                f"pipeline_parallel_size {pp} is {tp * pp} ranks on this host{share}, but it has "
+                f"{len(online)} online CPUs ({compress_ints(online)}) and vLLM's CPU build gives every rank CPUs of "
+                f"its own; lower tensor_parallel_size or pipeline_parallel_size to {len(online)} ranks or fewer, "
+                "or serve it from a host with more CPUs")
+    return problems
 
 
 def _port_input(value):
@@ -159,18 +337,21 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     ``fleet``: the fleet view (inventory host -> groups, addresses, interface, gpu_count, models_dir, ...;
     see ``plugins/plugin_utils/multinode.py``), needed only when an instance spans hosts (``nodes``).
     """
-    facts = facts or {}
+    facts = plain(facts) if isinstance(facts, dict) else {}
+    problems = inventory_problems(models, instances, inputs, host)
+    if problems:
+        raise PlanContractError(problems, host)
     opts = plan_inputs(inputs)
     popts = opts["plan_options"]
-    gpu = bool(opts["gpu"]) and str(opts["gpu"]).lower() not in ("false", "no", "0")
+    gpu = opts["gpu"]
     norm = normalise(models, instances, host=host, models_dir=opts["models_dir"])
-    if norm["problems"]:
-        raise PlanContractError(norm["problems"], host)
     gpus = facts.get("gpus") or []
-    records, problems = resolve_multinode(norm["instances"], norm["models"], host, fleet, {
+    records, problems = resolve_multinode(norm["instances"], norm["models"], host, plain(fleet), {
         "network_interface": opts["network_interface"], "fast_interconnect": opts["fast_interconnect"],
         "models_dir": opts["models_dir"], "default_models_dir": PLAN_INPUTS["vllm_install_models_dir"][1],
         "gpu": gpu})
+    if not gpu:
+        problems += cpu_rank_problems(records, facts.get("online_cpus"))
     if problems:
         raise PlanContractError(problems, host)
     try:
@@ -179,7 +360,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
                        use_uuids=popts["use_uuids"], base_port=popts["base_port"], cpu_only=not gpu,
                        memory_base=popts["memory_base"])
     except PlanError as exc:
-        raise PlanContractError([str(exc)], host) from exc
+        raise PlanContractError(exc.problems, host) from exc
     placed = [restore_multinode(entry) for entry in placed]
     venv = opts["install_prefix"].rstrip("/") + "/current"
     try:
@@ -193,7 +374,9 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
             online_cpus=facts.get("online_cpus"), systemd_version=facts.get("systemd_version"),
             numactl=opts["numactl"], inventory_host=host, numa_policy_min_systemd=opts["min_systemd_version"],
             variant=opts["variant"])
-    except (ServiceSpecError, ValueError) as exc:
+    except ServiceSpecError as exc:
+        raise PlanContractError(exc.problems, host) from exc
+    except ValueError as exc:
         raise PlanContractError([str(exc)], host) from exc
 
     by_gpu = {}

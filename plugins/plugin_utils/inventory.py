@@ -20,6 +20,7 @@ import re
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import DEFAULT_MASTER_PORT, key_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
     INSTANCE_OVERRIDES,
+    canonical_flag,
     check_extra_args,
     env_problems,
     parse_extra_args,
@@ -29,6 +30,8 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_float as _as_float,
     as_int as _as_int,
     edit_distance as _edit_distance,
+    kind as _kind,
+    plain,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import (
     VERIFY_MODES,
@@ -36,11 +39,14 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import 
     snapshot_dirs,
 )
 
-__all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model_path", "NAME_RE", "SHA_RE"]
+__all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model_path", "NAME_RE", "SHA_RE",
+           "LOWEST_PORT"]
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _PARSER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: The lowest port an instance can listen on: its unit drops every capability (no CAP_NET_BIND_SERVICE).
+LOWEST_PORT = 1024
 
 #: Keys of one entry of ``vllm_models``: name -> (type, default, description).
 MODEL_KEYS = {
@@ -142,7 +148,8 @@ def _typed(value, kind, where, key, problems):
     if kind == "int":
         num = _as_int(value)
         if num is None or num < 1:
-            problems.append(f"{where}.{key} is {value!r}; use a positive whole number >= 1 or leave it out")
+            problems.append(f"{where}.{key} is {value!r} ({_kind(value)}); use a positive whole number >= 1 "
+                            "or leave it out")
         return num
     if kind == "float":
         num = _as_float(value)
@@ -156,7 +163,7 @@ def _typed(value, kind, where, key, problems):
         return flag
     if kind == "str":
         if not isinstance(value, str) or not value:
-            problems.append(f"{where}.{key} is {value!r}; use a string")
+            problems.append(f"{where}.{key} is {value!r} ({_kind(value)}); use a non-empty string or leave it out")
             return None
         return value
     if kind == "path":
@@ -166,19 +173,23 @@ def _typed(value, kind, where, key, problems):
         return value.rstrip("/") or "/"
     if kind == "dict":
         if not isinstance(value, dict):
-            problems.append(f"{where}.{key} must be a dict, got {type(value).__name__}")
+            problems.append(f"{where}.{key} must be a dict of NAME: value, got {_kind(value)} ({value!r})")
             return None
         return dict(value)
     if kind == "list":
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            problems.append(f"{where}.{key} must be a list of strings, e.g. ['--enable-prefix-caching'], got {value!r}")
+            problems.append(f"{where}.{key} must be a list of strings, e.g. ['--enable-prefix-caching'], "
+                            f"got {_kind(value)} ({value!r})")
             return None
         return list(value)
     return value
 
 
-def _read(raw, schema, where, problems):
-    """One dict of settings -> {key: typed value or default}; unknown keys are problems."""
+def _read(raw, schema, where, problems, as_given=()):
+    """One dict of settings -> {key: typed value or default}; unknown keys are problems.
+
+    ``as_given``: keys the caller checks itself (kept as they are, no type problem here).
+    """
     out = {}
     for key in raw:
         if key in schema:
@@ -196,7 +207,7 @@ def _read(raw, schema, where, problems):
         if value is None:
             out[key] = default if not isinstance(default, (list, dict)) else type(default)(default)
             continue
-        if kind == "raw":
+        if kind == "raw" or key in as_given:
             out[key] = value
             continue
         out[key] = _typed(value, kind, where, key, problems)
@@ -221,13 +232,37 @@ def _str_setting(value, where, key, problems):
     return value
 
 
+def _base_flag(flag):
+    """``--no-enable-prefix-caching`` and ``--enable_prefix_caching`` are one flag."""
+    name = canonical_flag(flag)
+    return name[3:] if name.startswith("no-") else name
+
+
+def _extra_groups(value, where, problems):
+    """One source of extra_args parsed into flag groups and checked on its own; None when it cannot be parsed."""
+    if value is None:
+        return []
+    try:
+        groups = parse_extra_args(value, where)
+    except ValueError as exc:
+        problems.append(str(exc))
+        return None
+    problems.extend(check_extra_args(groups, where))
+    return groups
+
+
 def _model(key, raw, host, models_dir, problems):
     w = _where(host)
+    if not isinstance(key, str):
+        problems.append(f"{w}vllm_models: the model key {key!r} is {_kind(key)}, not a name; quote it in YAML "
+                        f"('{key}':) or use a lower-case name such as 'llama-8b' (instances name it in model)")
+        return None
     where = f"{w}vllm_models.{key}"
-    if not isinstance(key, str) or not NAME_RE.match(key):
+    if not NAME_RE.match(key):
         problems.append(f"{where}: the model name must match {NAME_RE.pattern} (lower case, digits, '._-'); rename it")
     if not isinstance(raw, dict):
-        problems.append(f"{where}: must be a dict with at least repo_id and revision (or path)")
+        problems.append(f"{where} must be a dict with at least repo_id and revision (or path), got {_kind(raw)}"
+                        + (f" ({raw!r})" if raw is not None else "") + "; e.g. {repo_id: org/name, revision: <sha>}")
         return None
     rec = _read(raw, MODEL_KEYS, where, problems)
     rec["key"] = key
@@ -253,6 +288,9 @@ def _model(key, raw, host, models_dir, problems):
         rec[k] = _str_setting(rec[k], where, k, problems)
     if rec["served_model_name"] is not None:
         rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
+    # checked here, once per model (an instance's own are checked with the instance)
+    _extra_groups(rec["extra_args"], f"{where}.extra_args", problems)
+    env_problems(rec["env"], f"{where}.env", problems)
     rec["pinned"] = isinstance(rec["revision"], str) and bool(SHA_RE.match(rec["revision"]))
     rec["fetched"] = rec["path"] is None
     try:
@@ -262,45 +300,68 @@ def _model(key, raw, host, models_dir, problems):
     return rec
 
 
-def _instance(pos, raw, models, host, problems):
+def _instance(pos, raw, models, host, problems, refused=()):
     w = _where(host)
     if not isinstance(raw, dict):
         problems.append(f"{w}vllm_instances[{pos}] must be a dict with at least name and model, "
-                        f"got {type(raw).__name__}")
+                        f"got {_kind(raw)}" + (f" ({raw!r})" if raw is not None else "")
+                        + "; e.g. {name: chat, model: <a key of vllm_models>}")
         return None
     name = raw.get("name")
     where = f"{w}vllm_instances[{pos}]" + (f" ({name})" if isinstance(name, str) and name else "")
     before = len(problems)
-    rec = _read(raw, INSTANCE_KEYS, where, problems)
-    if not isinstance(name, str) or not name:
+    rec = _read(raw, INSTANCE_KEYS, where, problems, as_given=("name", "model"))
+    if name is None or name == "":
         problems.append(f"{where}: 'name' is required (a short name such as 'chat'; the unit becomes "
                         "vllm-<name>.service)")
-    elif not NAME_RE.match(name) or len(name) > 200:
-        fixed = re.sub(r"[^a-z0-9_.-]+", "-", name.lower()).strip("-_.")[:200] or "chat"
+    elif not isinstance(name, str) or not NAME_RE.match(name) or len(name) > 200:
+        text = str(name)
+        fixed = re.sub(r"[^a-z0-9_.-]+", "-", text.lower()).strip("-_.")[:200] or "chat"
         problems.append(f"{where}: name {name!r} cannot be used in a systemd unit name; use lower-case letters, "
                         f"digits, '_', '.' and '-', starting with a letter or digit, at most 200 (e.g. '{fixed}')")
     model_key = raw.get("model")
     model = models.get(model_key) if isinstance(model_key, str) else None
+    declared = ", ".join(sorted(models)) or "(none declared: add it to vllm_models)"
     if model_key is None:
-        problems.append(f"{where}.model is missing; set it to one of vllm_models: "
-                        f"{', '.join(sorted(models)) or '(none declared)'}")
-    elif model_key not in models:
-        problems.append(f"{where}.model is {model_key!r}, which vllm_models does not declare; use one of: "
-                        f"{', '.join(sorted(models)) or '(none declared: add it to vllm_models)'}")
+        problems.append(f"{where}.model is missing; set it to one of vllm_models: {declared}")
+    elif not isinstance(model_key, str):
+        problems.append(f"{where}.model is {model_key!r} ({_kind(model_key)}); set it to the key of a model in "
+                        "vllm_models, as a string" + (f" (quote it, '{model_key}', and the model's key too)"
+                                                      if model_key in refused else f": {declared}"))
+    elif model_key in refused:
+        problems.append(f"{where}.model is {model_key!r}, whose entry vllm_models.{model_key} is refused (see its "
+                        "problem); fix that entry")
+    elif model is None:
+        problems.append(f"{where}.model is {model_key!r}, which vllm_models does not declare; use one of: {declared}")
     util = rec["gpu_memory_utilization"]
     if util is not None and not 0 < util <= 1:
         problems.append(f"{where}.gpu_memory_utilization is {util!r}; it must be a fraction in (0, 1], e.g. 0.9")
-    for key in ("port", "vllm_port"):
-        port = rec[key]
-        lo = 1 if key == "port" else 1024
-        if port is not None and not lo <= port <= 65535:
-            problems.append(f"{where}.{key} is {port!r}; use a TCP port number {lo}-65535"
-                            + (", or leave it out to get one from the plan's base port" if key == "port" else ""))
+    port = rec["port"]
+    if port is not None and not LOWEST_PORT <= port <= 65535:
+        problems.append(f"{where}.port is {port!r}; use a TCP port number {LOWEST_PORT}-65535, or leave it out to get "
+                        "one from the plan's base port"
+                        + (": the unit runs without capabilities (no CAP_NET_BIND_SERVICE), so vLLM cannot bind a "
+                           "port below 1024; give the model a front door (frontdoor_port) on the low port instead"
+                           if port < LOWEST_PORT else ""))
+    port = rec["vllm_port"]
+    if port is not None and not LOWEST_PORT <= port <= 65535:
+        problems.append(f"{where}.vllm_port is {port!r}; use a TCP port number {LOWEST_PORT}-65535")
     for k in ("quantization", "kv_cache_dtype", "tool_call_parser", "reasoning_parser"):
         rec[k] = _str_setting(rec[k], where, k, problems)
     if rec["served_model_name"] is not None:
         rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
     problems.extend(key_problems(rec, where))
+    # the instance's own extra_args and env (the model's are checked with the model); a flag in both is refused
+    own = _extra_groups(rec["extra_args"], f"{where}.extra_args", problems)
+    if own and model is not None:
+        inherited = _extra_groups(model.get("extra_args"), "", []) or []
+        theirs = {_base_flag(g[0]): g[0] for g in inherited}
+        for group in own:
+            flag = _base_flag(group[0])
+            if flag in theirs:
+                problems.append(f"{where}.extra_args: '{group[0]}' is also in vllm_models.{model_key}.extra_args "
+                                f"(as '{theirs[flag]}'); give it once: remove it from one of the two")
+    env_problems(rec["env"], f"{where}.env", problems)
     if len(problems) > before or model is None:
         return None
     # the instance's own record: the model's settings with the instance's overrides on top
@@ -311,19 +372,6 @@ def _instance(pos, raw, models, host, problems):
     # the names clients ask for; the plan's served_model_name is the first
     rec["served_model_name"] = rec["served_model_name"] or [
         model["repo_id"] if model.get("repo_id") else model["key"]]
-    # checked here, merged (model's, then the instance's) when the plan builds the command line
-    groups = []
-    for source, src_where in ((model.get("extra_args"), f"{w}vllm_models.{model_key}.extra_args"),
-                              (rec["extra_args"], f"{where}.extra_args")):
-        try:
-            groups.extend(parse_extra_args(source, src_where))
-        except ValueError as exc:
-            problems.append(str(exc))
-    problems.extend(f"{w}{p}" for p in check_extra_args(groups, f"extra_args of instance '{name}'"))
-    for source, src_where in ((model.get("env"), f"{w}vllm_models.{model_key}.env"), (rec["env"], f"{where}.env")):
-        env_problems(source, src_where, problems)
-    if len(problems) > before:
-        return None
     return rec
 
 
@@ -335,29 +383,35 @@ def normalise(models, instances, host=None, models_dir="/var/lib/inferops/models
     settings (overrides applied; ``served_model_name`` as a list). ``extra_args`` and ``env`` stay the
     instance's own (checked here together with the model's; the plan merges them).
     Instances with problems are left out of ``instances``; ``problems`` is empty when all is well.
+    Any input (any nesting of dicts, lists, numbers, strings, nulls) gives records or problems, never an
+    exception; the values are read as Python's own types (``values.plain``), so no message names an
+    internal class.
     """
     w = _where(host)
     problems = []
+    models, instances = plain(models), plain(instances)
     if models is None:
         models = {}
     if not isinstance(models, dict):
         return {"models": {}, "instances": [], "problems": [
             f"{w}vllm_models must be a dict of model name -> settings (repo_id, revision, ...), "
-            f"got {type(models).__name__}"]}
+            f"got {_kind(models)} ({models!r})"]}
     recs = {}
     for key, raw in models.items():
         rec = _model(key, raw, host, models_dir, problems)
         if rec is not None:
             recs[key] = rec
+    refused = [key for key in models if key not in recs]
     if instances is None:
         instances = []
     if not isinstance(instances, list):
         return {"models": recs, "instances": [], "problems": problems + [
             f"{w}vllm_instances must be a list of dicts (name, model, tensor_parallel_size, ...), "
-            f"got {type(instances).__name__}"]}
+            f"got {_kind(instances)}" + (f"; write it as a list: [{instances!r}]" if isinstance(instances, dict)
+                                        else f" ({instances!r})")]}
     out = []
     for pos, raw in enumerate(instances):
-        rec = _instance(pos, raw, recs, host, problems)
+        rec = _instance(pos, raw, recs, host, problems, refused)
         if rec is not None:
             rec["position"] = pos
             out.append(rec)

@@ -8,7 +8,8 @@ vLLM serves one model across hosts with its own launcher: every rank runs the sa
 entry point ignores ``--headless``). See ``docs/multinode.md``.
 
 An instance spans hosts when it names them in ``nodes`` (a list of inventory host names, rank 0
-first, or ``{group: <name>, count: N}``: the first N hosts of the group in inventory order). The plan
+first, or ``{group: <name>, count: N}``: the first N hosts of the group in the group's own order,
+``groups[<name>]``). The plan
 of every host stays per host; this module adds the fleet view the planner needs to decide one host's
 share of a multi-node instance:
 
@@ -42,6 +43,8 @@ The fleet view (``fleet``, built from hostvars by the preflight role): inventory
 
 * ``in_play`` (bool, default true): the host is one of the play's hosts;
 * ``groups`` (list): the host's groups (``group_names``), for ``nodes: {group: ..., count: ...}``;
+* ``group_positions`` (dict, optional): group -> the host's position in ``groups[group]``, so
+  ``{group, count}`` takes the group's first hosts in the group's order (without it: the fleet view's order);
 * ``addresses`` (dict): interface name -> ``{address, prefix}`` (or ``"10.0.0.5/24"``, or a list of
   either), the host's addresses as the facts step read them;
 * ``interface`` (str): that host's ``vllm_service_network_interface``;
@@ -146,12 +149,22 @@ def _in_play(entry) -> bool:
     return True if flag is None else flag
 
 
+def _group_position(entry, group):
+    """Where a host stands in ``groups[group]`` (the fleet view's ``group_positions``); unknown: last."""
+    positions = entry.get("group_positions")
+    pos = positions.get(group) if isinstance(positions, dict) else None
+    return pos if _is_int(pos) else float("inf")
+
+
 def _hosts(rec, fleet, where):
     """The instance's hosts in rank order, or (None, problems)."""
     nodes = rec["nodes"]
     if isinstance(nodes, dict):
         group, count = nodes["group"], nodes["count"]
-        members = [h for h, v in fleet.items() if group in (v.get("groups") or [])]
+        # the group's own order (groups[group]), not the inventory's: a canary listed first elsewhere stays where
+        # the group puts it
+        members = sorted((h for h, v in fleet.items() if group in (v.get("groups") or [])),
+                         key=lambda h: _group_position(fleet[h], group))
         if len(members) < count:
             have = f"{len(members)} ({', '.join(members)})" if members else "none"
             return None, [f"{where}.nodes asks for {count} hosts of group '{group}' but the inventory has "
@@ -405,6 +418,8 @@ def resolve(records, models, host, fleet, opts):
                 problems.append(f"{where}: tensor_parallel_size {tp} and num_key_value_heads {kv_heads} do not fit: "
                                 "the KV heads must split evenly across the GPUs or be replicated evenly")
             local = (tp // n if tp % n == 0 else tp, 1)
+        if len(problems) > before:
+            continue  # the sizes do not split over the hosts: GPU counts per host would be compared wrongly
         size_here = local[0] * local[1]
         problems.extend(_same_definition(rec, size_here, hosts, host, fleet, models, opts, where))
         if len(problems) > before:

@@ -558,7 +558,9 @@ class _Planner:
             total = sum(u.util for u in group)
             if total > SHARE_LIMIT + 1e-9:
                 parts = " + ".join(f"{u.util:g}" for u in group)
-                problems.append(f"GPU {i} is shared by {names} whose gpu_memory_utilization add up to "
+                where = ", ".join(str(u.raw["position"] if _is_int(u.raw.get("position")) else u.pos) for u in group)
+                problems.append(f"{self.variable}[{where}].gpu_memory_utilization: GPU {i} is shared by {names} whose "
+                                "gpu_memory_utilization add up to "
                                 f"{parts} = {total:.2f}, above {SHARE_LIMIT}; lower gpu_memory_utilization so they "
                                 "add up to at most 0.95, or give the instances separate gpus")
             mode = (self.host.gpus[i].compute_mode or "").strip().lower()

@@ -30,7 +30,7 @@ import re
 import shlex
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils import multinode
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import compress_ints, is_int as _is_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import compress_ints, is_int as _is_int, kind, shown
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
 
 __all__ = [
@@ -100,6 +100,8 @@ SECRET_ENV = {
 }
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: ``$NAME`` or ``${NAME}`` in a value: a shell would expand it, systemd's Environment= does not.
+ENV_REFERENCE_RE = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*(=.*)?$", re.S)
 _NUMBER = re.compile(r"^-[0-9.]")
@@ -282,12 +284,13 @@ def env_problems(value, where, problems):
     if value in (None, ""):
         return {}
     if not isinstance(value, dict):
-        problems.append(f"{where} must be a dict of NAME: value, got {type(value).__name__}")
+        problems.append(f"{where} must be a dict of NAME: value, got {kind(value)} ({shown(value)})")
         return {}
     out = {}
     for name, val in value.items():
         if not isinstance(name, str) or not ENV_NAME_RE.match(name):
-            problems.append(f"{where}: {name!r} is not a valid environment variable name")
+            problems.append(f"{where}: {shown(name)} is not a valid environment variable name; use letters, digits "
+                            "and '_', not starting with a digit (e.g. OMP_NUM_THREADS)")
             continue
         if name in SECRET_ENV:
             problems.append(f"{where}: {name} is a secret and must not be written into the unit; "
@@ -299,11 +302,18 @@ def env_problems(value, where, problems):
         if isinstance(val, bool):
             val = "1" if val else "0"
         if val is None or isinstance(val, (dict, list)):
-            problems.append(f"{where}: {name} must be a string or a number")
+            problems.append(f"{where}: {name} is {kind(val)}; give it a string or a number ('' for an empty value)")
             continue
         text = str(val)
         if "\n" in text or "\r" in text or "\0" in text:
             problems.append(f"{where}: {name} contains a line break")
+            continue
+        ref = ENV_REFERENCE_RE.search(text)
+        if ref:
+            problems.append(f"{where}: {name} is {text!r}, but systemd does not expand {ref.group(0)} in a unit's "
+                            f"environment (the process would get the text '{ref.group(0)}' itself); write the value "
+                            "out in full (an Ansible template in the inventory is filled in before the unit is "
+                            "written)")
             continue
         out[name] = text
     return out

@@ -2,9 +2,12 @@
 """Small value helpers shared by the controller-side planners (one place; no Ansible imports)."""
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 
-__all__ = ["compress_ints", "is_int", "as_int", "as_float", "as_bool", "edit_distance"]
+__all__ = ["compress_ints", "is_int", "as_int", "as_float", "as_bool", "edit_distance", "plain", "kind", "shown",
+           "scrub"]
 
 
 def compress_ints(values) -> str:
@@ -70,3 +73,63 @@ def edit_distance(a: str, b: str) -> int:
             cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
         prev = cur
     return prev[-1]
+
+
+def plain(value, _depth=0):
+    """The same data as Python's own types: dict, list, str, int, float, bool, None.
+
+    Ansible hands filters its tagged subclasses (``_AnsibleTaggedStr``, ``_AnsibleTaggedList``, ...); their class
+    names would leak into messages (``type(x).__name__``, Python's own error texts). Anything else (a date, a
+    set) becomes its string form; nesting deeper than 100 levels is cut off (None).
+    """
+    if _depth > 100:
+        return None
+    if value is None or isinstance(value, bool):
+        return None if value is None else bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {plain(k, _depth + 1): plain(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, _depth + 1) for v in value]
+    return str(value)
+
+
+def kind(value) -> str:
+    """What a value is, in the words of a YAML inventory: 'a string', 'a list', 'null', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "a dict"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return "a value of another kind"
+
+
+def shown(value, limit=80) -> str:
+    """A value as a message quotes it (Python literal of the plain value), shortened to about ``limit`` characters."""
+    value = plain(value)
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
+
+
+_TAGGED = re.compile(r"_AnsibleTagged([A-Za-z]+)|_AnsibleLazyTemplate([A-Za-z]+)")
+
+
+def scrub(text) -> str:
+    """A message without Ansible's internal class names (``_AnsibleTaggedInt`` -> ``int``)."""
+    return _TAGGED.sub(lambda m: (m.group(1) or m.group(2)).lower(), str(text))
