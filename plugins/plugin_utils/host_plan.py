@@ -210,8 +210,8 @@ def input_problems(inputs):
                             + (f": one of {', '.join(_CHOICES[variable])}" if variable in _CHOICES else ""))
         elif variable in _CHOICES and value not in _CHOICES[variable]:
             problems.append(f"{said}; use one of {', '.join(_CHOICES[variable])}")
-        elif variable in _PATHS and not value.startswith("/") and not (variable == "vllm_service_tmp_dir"
-                                                                           and value == ""):
+        elif variable in _PATHS and not value.startswith("/") and not (
+                variable == "vllm_service_tmp_dir" and value == ""):
             problems.append(f"{said}; use an absolute path (starting with /)")
         elif variable == "vllm_service_host":
             problems.extend(p for p in [address_problem(variable, value)] if p)

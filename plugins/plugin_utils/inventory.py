@@ -407,8 +407,8 @@ def normalise(models, instances, host=None, models_dir="/var/lib/inferops/models
     if not isinstance(instances, list):
         return {"models": recs, "instances": [], "problems": problems + [
             f"{w}vllm_instances must be a list of dicts (name, model, tensor_parallel_size, ...), "
-            f"got {_kind(instances)}" + (f"; write it as a list: [{instances!r}]" if isinstance(instances, dict)
-                                        else f" ({instances!r})")]}
+            f"got {_kind(instances)}" + (
+                f"; write it as a list: [{instances!r}]" if isinstance(instances, dict) else f" ({instances!r})")]}
     out = []
     for pos, raw in enumerate(instances):
         rec = _instance(pos, raw, recs, host, problems, refused)

@@ -344,4 +344,3 @@ def describe(steps, gaps, problems, unit_to_name=None):
     if not gaps:
         lines.append("  No gap: every model served before keeps an instance up on this host throughout.")
     return lines
-

@@ -354,9 +354,9 @@ KEYS = st.one_of(st.sampled_from(sorted(set(INSTANCE_KEYS) | set(MODEL_KEYS) | {
                  st.integers(0, 3), st.none(), st.booleans())
 JUNK = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                      st.dictionaries(KEYS, inner, max_size=4)), max_leaves=15)
-ANY_MODELS = st.one_of(JUNK, st.dictionaries(KEYS, JUNK, max_size=3),
-                   st.dictionaries(st.just("m"), st.dictionaries(st.sampled_from(sorted(MODEL_KEYS)), JUNK, max_size=4)
-                                   .map(lambda d: {"repo_id": "org/m", "revision": SHA, **d}), max_size=1))
+_MODEL = st.dictionaries(st.sampled_from(sorted(MODEL_KEYS)), JUNK, max_size=4).map(
+    lambda d: {"repo_id": "org/m", "revision": SHA, **d})
+ANY_MODELS = st.one_of(JUNK, st.dictionaries(KEYS, JUNK, max_size=3), st.dictionaries(st.just("m"), _MODEL, max_size=1))
 INSTANCE = st.one_of(JUNK, st.dictionaries(st.sampled_from(sorted(INSTANCE_KEYS)), JUNK, max_size=5)
                      .map(lambda d: {"name": "chat", "model": "m", **d}))
 ANY_INSTANCES = st.one_of(JUNK, st.lists(INSTANCE, max_size=3))

@@ -117,7 +117,7 @@ def test_any_layout_gives_exactly_the_served_bytes(server, tmp_path_factory, siz
 
     chunk = max(chunk, -(-size // 40))  # at most 40 requests per example (the layouts, not the count, vary)
     rng = random.Random(seed)
-    server.data = bytes(rng.getrandbits(8) for _ in range(size)) if size < 5000 else os.urandom(size)
+    server.data = bytes(rng.getrandbits(8) for _byte in range(size)) if size < 5000 else os.urandom(size)
     server.drop_after = -1 if drop is None else drop
     server.log = []
     part = str(tmp_path_factory.mktemp("rf") / "x.part")
@@ -193,7 +193,7 @@ def test_progress_counts_parallel_bytes_and_rates_only_what_moved():
     p._samples = [(0.0, 0)]
     p.add_resumed(600)  # an earlier run's bytes: done, but not transferred now
     assert p._samples == [(0.0, 600)]
-    for _ in range(4):
+    for _conn in range(4):
         p.add_partial(50)  # four connections
     doc = p.snapshot()
     assert doc["bytes_done"] == 800
