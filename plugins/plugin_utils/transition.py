@@ -159,7 +159,6 @@ def plan_transition(live, instances, restart, recorded=None, plan=None, prune=Tr
     """
     recorded_by_name = {i.get("name"): i for i in (recorded or {}).get("instances") or [] if isinstance(i, dict)}
     planned = {i["name"]: i for i in instances}
-    unit_to_name = {i["unit"]: i["name"] for i in instances}
     single = [i["name"] for i in instances if not i.get("multinode")]
     restart = set(restart or ())
     new_res = {name: _planned_resources(planned[name]) for name in planned}
@@ -182,8 +181,6 @@ def plan_transition(live, instances, restart, recorded=None, plan=None, prune=Tr
             # a planned instance that is not restarted runs what the plan says (what it may share)
             "settled": is_planned and name not in restart,
             "fixed": (is_planned and bool(planned[name].get("multinode"))) or (not is_planned and not prune),
-            "model": (rec or {}).get("model", {}).get("key") if rec else (
-                planned[name]["model"]["key"] if is_planned and name not in restart else None),
         }
 
     original = {name: holder["res"] for name, holder in holders.items()}
@@ -258,8 +255,7 @@ def plan_transition(live, instances, restart, recorded=None, plan=None, prune=Tr
             why += "; model %s -> %s" % (rec.get("model", {}).get("key"), planned[chosen]["model"]["key"])
         step("restart", chosen, planned[chosen]["unit"], why)
         holders[chosen] = {"unit": planned[chosen]["unit"], "res": new_res[chosen], "planned": True,
-                           "removed": False, "settled": True, "fixed": False,
-                           "model": planned[chosen]["model"]["key"]}
+                           "removed": False, "settled": True, "fixed": False}
         pending.remove(chosen)
 
     if not problems:
@@ -269,7 +265,7 @@ def plan_transition(live, instances, restart, recorded=None, plan=None, prune=Tr
     removed = sorted(u["name"] for u in live or [] if u["name"] not in planned)
     gaps = [] if problems else _gaps(_before_models(live, recorded_by_name, planned, restart), steps, planned)
     return {"steps": steps, "gaps": gaps, "removed": removed, "problems": problems,
-            "lines": describe(steps, gaps, problems, unit_to_name)}
+            "lines": describe(steps, gaps, problems)}
 
 
 def _why(name, was, now, recorded_by_name, steps, index_of):
@@ -326,7 +322,7 @@ def _gaps(serving_before, steps, planned):
     return gaps
 
 
-def describe(steps, gaps, problems, unit_to_name=None):
+def describe(steps, gaps, problems):
     """The transition as lines for the play output (also in check mode)."""
     if problems:
         return ["The transition cannot be done:"] + ["  - " + p for p in problems]
