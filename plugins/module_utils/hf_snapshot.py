@@ -743,13 +743,8 @@ class Snapshot(object):
                 base = p[:-len(".json")] if name.endswith(PARTIAL_SUFFIX + ".json") else p
                 if base in keep_parts:
                     continue
-                try:
-                    n = os.path.getsize(p)
-                    if not self.check_mode:
-                        os.remove(p)
-                except OSError:
-                    continue
-                if name.endswith(PARTIAL_SUFFIX):
+                n = self._remove_counted(p)
+                if n is not None and name.endswith(PARTIAL_SUFFIX):
                     count += 1
                     size += n
         if not self.check_mode and os.path.isdir(ptop):
@@ -763,17 +758,21 @@ class Snapshot(object):
             for name in names:
                 partial = name.endswith(".incomplete")
                 if partial or name.endswith(".lock"):
-                    p = os.path.join(root, name)
-                    try:
-                        n = os.path.getsize(p)
-                        if not self.check_mode:
-                            os.remove(p)
-                    except OSError:
-                        continue
-                    if partial:
+                    n = self._remove_counted(os.path.join(root, name))
+                    if n is not None and partial:
                         count += 1
                         size += n
         return count, size
+
+    def _remove_counted(self, path):
+        """Remove ``path`` (not in check mode); its size, or None when it cannot be read or removed."""
+        try:
+            size = os.path.getsize(path)
+            if not self.check_mode:
+                os.remove(path)
+        except OSError:
+            return None
+        return size
 
     def _forget_local(self, rel):
         """Remove the file and huggingface_hub's metadata for it, so the library downloads it anew."""
