@@ -23,6 +23,9 @@ The role ``vllm_frontdoor`` renders HAProxy's configuration from ``frontdoors`` 
 """
 from __future__ import annotations
 
+# HAProxy's runtime API is read on the host too (the frontdoor_server module): one parser, in module_utils
+from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import server_states  # noqa: F401  pylint: disable=unused-import
+
 __all__ = ["plan_frontdoors", "connect_host", "server_states"]
 
 _WILDCARD = ("0.0.0.0", "", "*")
@@ -118,37 +121,3 @@ def _metrics(frontdoors, taken, bind_address, port):
                  for fd in frontdoors if fd["port"] == port]
     return {"bind_address": bind_address, "port": port,
             "url": _url(connect_host(bind_address), port) + "/metrics"}, problems
-
-
-# rows of `show stat` that sum up a proxy rather than name a server
-_SUMMARY_ROWS = ("FRONTEND", "BACKEND")
-
-
-def server_states(show_stat):
-    """Every server of HAProxy's ``show stat`` output: ``{"<backend>/<server>": {...}}``.
-
-    ``show_stat`` is the runtime API's answer (a string or its lines): CSV whose first line is the header
-    ``# pxname,svname,...`` (field positions differ between HAProxy versions; the header names them). Each
-    server maps to ``backend``, ``server``, ``status`` (UP, DOWN, DRAIN, MAINT, "UP 1/3", ...), ``check_status``
-    (the last health check: L7OK, L4CON, ...; "" when none ran) and ``sessions_total`` (requests it was sent,
-    an int). The FRONTEND and BACKEND summary rows are left out. Empty input gives ``{}``; input that is not
-    ``show stat`` output (an error of the socket) raises ValueError quoting its first line.
-    """
-    lines = show_stat.splitlines() if isinstance(show_stat, str) else list(show_stat or [])
-    lines = [line for line in lines if line.strip()]
-    if not lines:
-        return {}
-    if not lines[0].startswith("# pxname,svname,"):
-        raise ValueError(f"not HAProxy's `show stat` output (no '# pxname,svname,...' header): {lines[0][:200]!r}")
-    head = lines[0][2:].split(",")
-    servers = {}
-    for line in lines[1:]:
-        row = dict(zip(head, line.split(",")))
-        if row.get("svname", "") in _SUMMARY_ROWS or not row.get("pxname") or not row.get("svname"):
-            continue
-        total = row.get("stot", "")
-        servers[f"{row['pxname']}/{row['svname']}"] = {
-            "backend": row["pxname"], "server": row["svname"], "status": row.get("status", ""),
-            "check_status": row.get("check_status", ""), "sessions_total": int(total) if total.isdigit() else 0,
-        }
-    return servers

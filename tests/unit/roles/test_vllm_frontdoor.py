@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from ansible.module_utils import basic
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, generate_ansible_template_vars, trust_as_template
 from hypothesis import HealthCheck, given, settings
@@ -381,3 +382,138 @@ def test_every_accepted_plan_renders_a_configuration_haproxy_accepts(tmp_path, f
     assert servers == [b["instance"] for fd in p["frontdoors"] for b in fd["backends"]]
     if HAPROXY and p["frontdoors"]:
         haproxy_check(tmp_path, text)
+
+
+# --------------------------------------------------------------------------- the frontdoor_server module
+
+class _Instance:
+    """A stand-in for one vLLM instance behind the front door: /health answers 200 while ``healthy``, /metrics
+    shows ``load`` requests running (vLLM's gauge, with its labels)."""
+
+    def __init__(self):
+        import http.server  # pylint: disable=import-outside-toplevel
+        import threading  # pylint: disable=import-outside-toplevel
+        owner = self
+        self.healthy, self.load = True, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                if self.path == "/health":
+                    code, body = (200 if owner.healthy else 503), b""
+                elif self.path == "/metrics":
+                    code = 200
+                    body = (f'vllm:num_requests_running{{engine="0",model_name="tiny-llama"}} {owner.load}.0\n'
+                            'vllm:num_requests_waiting{engine="0",model_name="tiny-llama"} 0.0\n').encode()
+                else:
+                    code, body = 404, b""
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(name="frontdoor")
+def fixture_frontdoor(tmp_path):
+    """A real HAProxy from the role's configuration (its runtime API socket under tmp_path) with one backend
+    server, instance ``a`` of model tiny, in front of a stand-in instance."""
+    if HAPROXY is None:
+        pytest.skip("haproxy is not installed here (make sysdeps installs it)")
+    inst = _Instance()
+    sock = str(tmp_path / "admin.sock")
+    models = {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}
+    p = plan([{"name": "a", "model": "tiny", "port": inst.port}], models, vllm_frontdoor_metrics_port=0)
+    cfg = tmp_path / "run.cfg"
+    cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor__socket=sock, vllm_frontdoor_check_interval="200ms"))
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _attempt in range(50):
+            if os.path.exists(sock):
+                break
+            time.sleep(0.1)
+        yield {"socket": sock, "instance": inst, "url": f"http://127.0.0.1:{inst.port}"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        inst.close()
+
+
+WARNINGS = []
+
+
+def _server(monkeypatch, check_mode=False, **args):
+    """Run the module's main() (tests/unit/plugins/modules/gpu_harness.py's AnsibleModule harness)."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "modules"))
+    from gpu_harness import run_main  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.modules import frontdoor_server  # pylint: disable=import-outside-toplevel
+    args = dict({"backend": "tiny", "server": "a", "interval": 0.2}, **args)
+    if check_mode:
+        args["_ansible_check_mode"] = True
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda _self, warning: WARNINGS.append(warning))
+    return run_main(frontdoor_server.main, args, monkeypatch)
+
+
+def test_frontdoor_server_drains_waits_for_the_requests_and_puts_back_until_up(frontdoor, monkeypatch):
+    """The module on a real HAProxy (the role's configuration): ready waits for UP; a drain waits while the
+    instance still runs requests (and warns at the deadline), a second drain changes nothing; check mode
+    reports a put-back without doing it; ready puts it back and waits until HAProxy's checks see it UP."""
+    sock, inst = frontdoor["socket"], frontdoor["instance"]
+    status, res = _server(monkeypatch, socket=sock, state="ready", timeout=20)
+    assert status == "ok" and res["present"] and res["status"] == "UP" and not res["changed"], res
+
+    inst.load = 2
+    status, res = _server(monkeypatch, socket=sock, state="drain", wait_url=frontdoor["url"], timeout=1)
+    assert status == "ok" and res["changed"] and res["before"] == "UP" and res["status"] == "DRAIN", res
+    assert res["drained"] is False and res["waited"] >= 1
+    assert any("a still had 2 request(s) after 1 s of draining" in w for w in WARNINGS), WARNINGS
+
+    inst.load = 0
+    status, res = _server(monkeypatch, socket=sock, state="drain", wait_url=frontdoor["url"], timeout=5)
+    assert status == "ok" and not res["changed"] and res["drained"] is True and res["status"] == "DRAIN", res
+
+    status, res = _server(monkeypatch, check_mode=True, socket=sock, state="ready")
+    assert status == "ok" and res["changed"] and res["status"] == "DRAIN", res
+    assert server_states_of(sock)["tiny/a"]["status"] == "DRAIN"
+
+    status, res = _server(monkeypatch, socket=sock, state="ready", timeout=20)
+    assert status == "ok" and res["changed"] and res["before"] == "DRAIN" and res["status"] == "UP", res
+
+
+def test_frontdoor_server_fails_naming_the_state_when_the_instance_stays_down(frontdoor, monkeypatch):
+    """Drained, then its /health fails (its restart did not come back): put back, HAProxy's checks keep it DOWN,
+    and the module fails at the deadline naming the state and the last check."""
+    sock, inst = frontdoor["socket"], frontdoor["instance"]
+    status, res = _server(monkeypatch, socket=sock, state="drain")
+    assert status == "ok" and res["changed"] and res["drained"] is True, res
+    inst.healthy = False
+    time.sleep(1.5)  # three failed checks 200 ms apart
+    status, res = _server(monkeypatch, socket=sock, state="ready", timeout=3)
+    assert status == "fail", res
+    assert "front door server tiny/a is not UP 3 s after it was put back: it is DOWN" in res["msg"], res["msg"]
+    assert "(last check L7STS)" in res["msg"] and "fails its /health check" in res["msg"]
+
+
+def test_frontdoor_server_has_nothing_to_do_without_a_front_door_or_the_server(frontdoor, monkeypatch, tmp_path):
+    status, res = _server(monkeypatch, socket=frontdoor["socket"], server="new", state="drain",
+                          wait_url=frontdoor["url"])
+    assert status == "ok" and not res["changed"] and not res["present"], res
+    assert "has no server tiny/new" in res["msg"]
+    status, res = _server(monkeypatch, socket=str(tmp_path / "none.sock"), state="ready")
+    assert status == "ok" and not res["changed"] and not res["present"] and "no front door runs here" in res["msg"]
+
+
+def server_states_of(sock):
+    from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
+        runtime_command, server_states)
+    return server_states(runtime_command(sock, "show stat"))

@@ -1,0 +1,220 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: frontdoor_server
+short_description: Drain one server of the HAProxy front door, or put it back and wait until it is UP
+version_added: 1.1.0
+description:
+  - Takes one vLLM instance (a server of a backend) out of the front door before it stops or restarts, or
+    puts it back after its health gate, over HAProxy's runtime API (the admin socket of the
+    C(inferops.vllm.vllm_frontdoor) role). One call does what a restart step needs, so the service role's
+    restart path asks the host once per step instead of once per command.
+  - O(state=drain) sets the server's state to C(drain) (HAProxy sends it no new request; requests it runs
+    go on), then waits until the instance's own C(/metrics) at O(wait_url) shows no request running or
+    waiting, or the instance no longer answers, or O(timeout) seconds passed (a warning; RV(drained) is
+    false and the caller goes on).
+  - O(state=ready) sets the server's state to C(ready), then waits until HAProxy's own health checks see it
+    C(UP); after O(timeout) seconds it fails naming the server's state and its last check.
+  - No front door on the host (no socket at O(socket), the first deployment) or no such server in it (a new
+    instance, or one the front door does not know yet) is not an error - there is nothing to drain or put
+    back (RV(present) false).
+  - In check mode the state is read and nothing is set or waited for.
+options:
+  socket:
+    description: The runtime API's UNIX socket (C(stats socket ... level admin) in the front door's configuration).
+    type: path
+    default: /run/inferops-vllm-frontdoor/admin.sock
+  backend:
+    description: The backend (the front door of one model, named after the model).
+    type: str
+    required: true
+  server:
+    description: The server in O(backend) (the instance's name).
+    type: str
+    required: true
+  state:
+    description: C(drain) before a stop or restart, C(ready) after the instance passed its health gate.
+    type: str
+    required: true
+    choices: [drain, ready]
+  wait_url:
+    description:
+      - The instance's base URL (C(http://127.0.0.1:8000)); with O(state=drain) its C(/metrics) is polled until
+        C(vllm:num_requests_running) plus C(vllm:num_requests_waiting) is 0. Without it, a drain does not wait.
+    type: str
+  timeout:
+    description: The longest wait in seconds (draining, or until UP).
+    type: int
+    default: 60
+  interval:
+    description: Seconds between two reads while waiting.
+    type: float
+    default: 1.0
+author: inferops maintainers (@inferops)
+"""
+
+EXAMPLES = r"""
+- name: Drain alpha at the front door of model chat before it restarts
+  inferops.vllm.frontdoor_server:
+    backend: chat
+    server: alpha
+    state: drain
+    wait_url: http://127.0.0.1:8000
+    timeout: 300
+
+- name: Put alpha back after its health gate, and wait until HAProxy sees it UP
+  inferops.vllm.frontdoor_server:
+    backend: chat
+    server: alpha
+    state: ready
+    timeout: 60
+"""
+
+RETURN = r"""
+present:
+  description: Whether a front door runs and has the server (false means there was nothing to do).
+  returned: always
+  type: bool
+  sample: true
+before:
+  description: The server's status before this call (C(UP), C(DOWN), C(DRAIN), C(MAINT), ...; empty when not present).
+  returned: always
+  type: str
+  sample: UP
+status:
+  description: The server's status when the call ended.
+  returned: always
+  type: str
+  sample: DRAIN
+drained:
+  description: With O(state=drain), whether the instance ran no request when the call ended.
+  returned: when O(state=drain) and the server is present
+  type: bool
+  sample: true
+waited:
+  description: Seconds the call waited (draining, or until UP).
+  returned: always
+  type: float
+  sample: 2.1
+"""
+
+import os
+import stat
+import time
+from urllib.error import URLError
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (
+    runtime_command,
+    server_states,
+    vllm_load,
+)
+
+# statuses HAProxy shows for a server an operator (or this module) took out of rotation
+_ADMIN_OUT = ("DRAIN", "MAINT", "NOLB")
+
+
+def _status(module, path, name):
+    """(present, status, last check) of backend/server ``name``; fails the module on a socket error."""
+    try:
+        servers = server_states(runtime_command(path, "show stat"))
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
+    server = servers.get(name)
+    if server is None:
+        return False, "", ""
+    return True, server["status"], server["check_status"]
+
+
+def _set(module, path, name, state):
+    try:
+        answer = runtime_command(path, f"set server {name} state {state}").strip()
+    except OSError as exc:
+        module.fail_json(msg=f"front door runtime API {path}: `set server {name} state {state}` failed: {exc}")
+    if answer:
+        module.fail_json(msg=f"front door runtime API {path}: `set server {name} state {state}` answered: {answer}")
+
+
+def _load(url):
+    """Requests running or waiting on the instance, or None when it does not answer (nothing left to drain)."""
+    try:
+        response = open_url(url.rstrip("/") + "/metrics", timeout=5, validate_certs=False)
+        return vllm_load(response.read().decode("utf-8", "replace"))
+    except (URLError, OSError, ValueError):
+        return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "socket": {"type": "path", "default": "/run/inferops-vllm-frontdoor/admin.sock"},
+            "backend": {"type": "str", "required": True},
+            "server": {"type": "str", "required": True},
+            "state": {"type": "str", "required": True, "choices": ["drain", "ready"]},
+            "wait_url": {"type": "str"},
+            "timeout": {"type": "int", "default": 60},
+            "interval": {"type": "float", "default": 1.0},
+        },
+        supports_check_mode=True,
+    )
+    path, state = module.params["socket"], module.params["state"]
+    name = f"{module.params['backend']}/{module.params['server']}"
+    timeout, interval = max(module.params["timeout"], 0), max(module.params["interval"], 0.1)
+    result = {"changed": False, "present": False, "before": "", "status": "", "waited": 0.0}
+
+    try:
+        is_socket = stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        is_socket = False
+    if not is_socket:
+        module.exit_json(msg=f"no front door runs here ({path} is not a socket): nothing to {state}", **result)
+
+    present, before, _check = _status(module, path, name)
+    result.update(present=present, before=before, status=before)
+    if not present:
+        module.exit_json(msg=f"the front door has no server {name}: nothing to {state}", **result)
+
+    if state == "drain":
+        result["changed"] = before != "DRAIN"
+    else:
+        result["changed"] = before.split(" ")[0] in _ADMIN_OUT
+    if module.check_mode:
+        module.exit_json(**result)
+    if result["changed"] or state == "ready":
+        _set(module, path, name, state)
+
+    start = time.monotonic()
+    if state == "drain":
+        load = _load(module.params["wait_url"]) if module.params["wait_url"] else None
+        while load and time.monotonic() - start < timeout:
+            time.sleep(interval)
+            load = _load(module.params["wait_url"])
+        result["drained"] = not load
+        if load:
+            module.warn(f"{module.params['server']} still had {load:g} request(s) after {timeout} s of draining; "
+                        "it stops anyway and those requests fail")
+        result.update(waited=round(time.monotonic() - start, 1), status=_status(module, path, name)[1])
+        module.exit_json(**result)
+
+    present, status, check = _status(module, path, name)
+    while status != "UP" and time.monotonic() - start < timeout:
+        time.sleep(interval)
+        present, status, check = _status(module, path, name)
+    result.update(waited=round(time.monotonic() - start, 1), status=status, present=present)
+    if status != "UP":
+        module.fail_json(msg=f"front door server {name} is not UP {timeout} s after it was put back: it is "
+                             f"{status or 'gone'}" + (f" (last check {check})" if check else "")
+                             + "; HAProxy sends it no request. DOWN: the instance fails its /health check "
+                               "(see its journal).", **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
