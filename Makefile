@@ -92,6 +92,7 @@ lint: venv collections
 	@echo "== ansible-lint (production profile)"; $(BIN)/ansible-lint --profile production --offline
 	@echo "== changelog fragments"; $(BIN)/antsibull-changelog lint
 	@echo "== role READMEs match meta/argument_specs.yml"; $(BIN)/python tools/role_readme.py --check --strict-defaults
+	@echo "== argument specs and docs tables match the inventory schema"; $(BIN)/python tools/schema_docs.py --check
 
 role-readmes: venv
 	@$(BIN)/python tools/role_readme.py

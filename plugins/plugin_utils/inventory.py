@@ -17,9 +17,16 @@ from __future__ import annotations
 import math
 import re
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import DEFAULT_MASTER_PORT, key_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import key_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (
+    FLAG_ROWS,
+    INSTANCE_KEYS,
+    MODEL_KEYS,
+    OVERRIDES,
+    PROMOTED,
+    value_problem,
+)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
-    INSTANCE_OVERRIDES,
     canonical_flag,
     check_extra_args,
     env_problems,
@@ -44,81 +51,14 @@ __all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
-_PARSER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: The lowest port an instance can listen on: its unit drops every capability (no CAP_NET_BIND_SERVICE).
 LOWEST_PORT = 1024
 
-#: Keys of one entry of ``vllm_models``: name -> (type, default, description).
-MODEL_KEYS = {
-    "repo_id": ("str", None, "Hub repository as C(org/name); fetched to C(<models_dir>/<org>/<name>/<sha>/), "
-                             "served from its C(current) link."),
-    "revision": ("str", None, "The 40-hex commit sha to serve (a branch or tag only with C(allow_unpinned: true))."),
-    "allow_unpinned": ("bool", False, "Accept a branch or tag as C(revision) (it moves under a running fleet)."),
-    "path": ("path", None, "Serve from this absolute directory instead of fetching C(repo_id)."),
-    "served_model_name": ("raw", None, "Name (or list of names) clients ask for; default the C(repo_id) "
-                                       "(or the model key for a C(path) model)."),
-    "trust_remote_code": ("bool", False, "Pass C(--trust-remote-code)."),
-    "max_model_len": ("int", None, "C(--max-model-len)."),
-    "quantization": ("str", None, "C(--quantization), e.g. C(fp8)."),
-    "kv_cache_dtype": ("str", None, "C(--kv-cache-dtype), e.g. C(fp8)."),
-    "tool_call_parser": ("str", None, "C(--tool-call-parser) (turns on C(--enable-auto-tool-choice))."),
-    "reasoning_parser": ("str", None, "C(--reasoning-parser)."),
-    "extra_args": ("list", [], "More vLLM flags (flags the roles set and secrets are refused)."),
-    "env": ("dict", {}, "Environment variables of every instance of this model (no secrets, no pinning)."),
-    "weights_bytes": ("int", None, "Total size of the safetensors, for the planner's fit check."),
-    "num_attention_heads": ("int", None, "From config.json, for the tensor-parallel divisibility check."),
-    "num_key_value_heads": ("int", None, "From config.json, for the tensor-parallel divisibility check."),
-    "allow_patterns": ("list", None, "Files to fetch (globs); default the weights, configs and tokenizer."),
-    "ignore_patterns": ("list", None, "Files not to fetch (globs)."),
-    "verify": ("str", None, "C(size) or C(sha256); default C(vllm_weights_verify)."),
-    "frontdoor_port": ("int", None, "Port of this model's front door on each host that serves it (HAProxy, role "
-                                    "C(vllm_frontdoor)): one listener balancing over the host's instances of the "
-                                    "model; leave it out for no front door."),
-}
-
-#: Keys of one entry of ``vllm_instances``: name -> (type, default, description).
-INSTANCE_KEYS = {
-    "name": ("str", None, "Unique instance name; the unit is C(vllm-<name>.service)."),
-    "model": ("str", None, "Key of the model in C(vllm_models)."),
-    "tensor_parallel_size": ("int", 1, "GPUs per pipeline stage (C(--tensor-parallel-size))."),
-    "pipeline_parallel_size": ("int", 1, "Pipeline stages (C(--pipeline-parallel-size))."),
-    "gpus": ("raw", "auto", "C(auto), or an explicit list of GPU indices or UUIDs."),
-    "numa_node": ("raw", "auto", "C(auto), or the NUMA node the instance's GPUs must sit on."),
-    "gpu_memory_utilization": ("float", 0.9, "Fraction of each GPU's memory (as CUDA sees it) vLLM may use."),
-    "port": ("int", None, "HTTP port; assigned from the plan's base port upwards when left out."),
-    "vllm_port": ("int", None, "Base of vLLM's internal ports (C(VLLM_PORT)); default one range per instance "
-                               "from C(vllm_service_vllm_port_base)."),
-    "allow_cross_numa": ("bool", False, "Accept a tensor-parallel group joined only by the inter-socket link (SYS)."),
-    "served_model_name": ("raw", None, "Overrides the model's C(served_model_name) for this instance."),
-    "max_model_len": ("int", None, "Overrides the model's C(max_model_len)."),
-    "quantization": ("str", None, "Overrides the model's C(quantization)."),
-    "kv_cache_dtype": ("str", None, "Overrides the model's C(kv_cache_dtype)."),
-    "tool_call_parser": ("str", None, "Overrides the model's C(tool_call_parser)."),
-    "reasoning_parser": ("str", None, "Overrides the model's C(reasoning_parser)."),
-    "trust_remote_code": ("bool", None, "Overrides the model's C(trust_remote_code)."),
-    "extra_args": ("list", [], "Extra vLLM flags for this instance (flags the roles set are refused)."),
-    "env": ("dict", {}, "Extra environment variables for this instance's unit (not secrets)."),
-    "weights_bytes": ("int", None, "Overrides the model's C(weights_bytes) for the memory fit check."),
-    "num_attention_heads": ("int", None, "Overrides the model's C(num_attention_heads)."),
-    "num_key_value_heads": ("int", None, "Overrides the model's C(num_key_value_heads)."),
-    "nodes": ("raw", None, "Hosts this instance spans (vLLM's multi-node launcher): a list of inventory host names, "
-                           "rank 0 (the API) first, or C({group: <name>, count: N}) (the group's first N hosts); "
-                           "leave it out for a single-host instance. See C(docs/multinode.md)."),
-    "nodes_parallel": ("str", "pipeline", "With C(nodes): C(pipeline) (C(pipeline_parallel_size) spans the hosts, "
-                                          "C(tensor_parallel_size) GPUs per stage on one host) or C(tensor) "
-                                          "(C(tensor_parallel_size) spans the hosts; needs "
-                                          "C(vllm_service_fast_interconnect))."),
-    "master_port": ("int", DEFAULT_MASTER_PORT, "With C(nodes): C(--master-port), where rank 0 listens for the "
-                                                "other ranks."),
-}
+# MODEL_KEYS, INSTANCE_KEYS and OVERRIDES are the rows of plugins/plugin_utils/schema.py (one table).
 
 #: Old spellings still accepted: old key -> (new key, note). None yet: a key that is renamed keeps
 #: its old name here, with a deprecation note.
 DEPRECATED_KEYS = {}
-
-#: Instance keys that override the model's setting of the same name.
-OVERRIDES = INSTANCE_OVERRIDES + ("weights_bytes", "num_attention_heads", "num_key_value_heads")
-
 
 def _where(host):
     return f"host {host}: " if host else ""
@@ -221,15 +161,14 @@ def model_path(models_dir, record):
     return snapshot_dirs(models_dir, record["repo_id"])["current"]
 
 
-def _str_setting(value, where, key, problems):
-    if value is None:
-        return None
-    if not _PARSER_NAME.match(value):
-        problems.append(f"{where}.{key} is {value!r}; use a name such as "
-                        + {"quantization": "'fp8'", "kv_cache_dtype": "'fp8'", "tool_call_parser": "'hermes'",
-                           "reasoning_parser": "'deepseek_r1'"}.get(key, "'auto'"))
-        return None
-    return value
+def _settings(rec, where, problems):
+    """The vLLM settings of a record (schema.FLAG_ROWS) checked beyond their type; a refused one becomes None."""
+    for row in FLAG_ROWS:
+        key = row["key"]
+        reason = value_problem(key, rec[key])
+        if reason:
+            problems.append(f"{where}.{key} is {rec[key]!r}; {reason}")
+            rec[key] = None
 
 
 def _base_flag(flag):
@@ -284,8 +223,7 @@ def _model(key, raw, host, models_dir, problems):
                         "or leave it out for no front door")
     if rec["verify"] is not None and rec["verify"] not in VERIFY_MODES:
         problems.append(f"{where}.verify is {rec['verify']!r}; use one of {', '.join(VERIFY_MODES)}")
-    for k in ("quantization", "kv_cache_dtype", "tool_call_parser", "reasoning_parser"):
-        rec[k] = _str_setting(rec[k], where, k, problems)
+    _settings(rec, where, problems)
     if rec["served_model_name"] is not None:
         rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
     # checked here, once per model (an instance's own are checked with the instance)
@@ -298,6 +236,20 @@ def _model(key, raw, host, models_dir, problems):
     except ValueError:
         rec["local_path"] = None
     return rec
+
+
+def _promoted_twice(rec, model, own, where, problems):
+    """A setting given both as its key and as its flag in extra_args (a key that was a flag before): refused."""
+    groups = (own or []) + (_extra_groups(model.get("extra_args"), "", []) or [])
+    for group in groups:
+        row = PROMOTED.get(_base_flag(group[0]))
+        if row is None:
+            continue
+        key = row["key"]
+        value = rec[key] if rec.get(key) is not None else model.get(key)
+        if value is not None:
+            problems.append(f"{where}: {key} is {value!r} and extra_args has '{' '.join(group)}' too; give it once: "
+                            f"keep {key} and remove the flag from extra_args")
 
 
 def _instance(pos, raw, models, host, problems, refused=()):
@@ -346,8 +298,7 @@ def _instance(pos, raw, models, host, problems, refused=()):
     port = rec["vllm_port"]
     if port is not None and not LOWEST_PORT <= port <= 65535:
         problems.append(f"{where}.vllm_port is {port!r}; use a TCP port number {LOWEST_PORT}-65535")
-    for k in ("quantization", "kv_cache_dtype", "tool_call_parser", "reasoning_parser"):
-        rec[k] = _str_setting(rec[k], where, k, problems)
+    _settings(rec, where, problems)
     if rec["served_model_name"] is not None:
         rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
     problems.extend(key_problems(rec, where))
@@ -362,6 +313,8 @@ def _instance(pos, raw, models, host, problems, refused=()):
                 problems.append(f"{where}.extra_args: '{group[0]}' is also in vllm_models.{model_key}.extra_args "
                                 f"(as '{theirs[flag]}'); give it once: remove it from one of the two")
     env_problems(rec["env"], f"{where}.env", problems)
+    if model is not None:
+        _promoted_twice(rec, model, own, where, problems)
     if len(problems) > before or model is None:
         return None
     # the instance's own record: the model's settings with the instance's overrides on top

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import ipaddress
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import DEFAULT_MASTER_PORT as _SCHEMA_MASTER_PORT
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool as _as_bool,
     as_int as _as_int,
@@ -76,7 +77,7 @@ NODES_PARALLEL = ("pipeline", "tensor")
 #: The module headless ranks run (``serve ... --headless``); the API server module ignores ``--headless``.
 CLI_MODULE = "vllm.entrypoints.cli.main"
 #: vLLM's own default ``--master-port``.
-DEFAULT_MASTER_PORT = 29501
+DEFAULT_MASTER_PORT = _SCHEMA_MASTER_PORT
 #: Flags the plan sets for a multi-node instance, canonical name -> where to set it instead. They are
 #: refused on every instance; ``--distributed-executor-backend`` only on multi-node ones (the plan sets
 #: ``mp`` there; a single-host instance may choose its own backend).

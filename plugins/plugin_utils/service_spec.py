@@ -30,6 +30,14 @@ import re
 import shlex
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils import multinode
+from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (
+    FLAG_ROWS,
+    MANAGED,
+    OVERRIDES,
+    PROMOTED,
+    flag_args,
+    value_problem,
+)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import compress_ints, is_int as _is_int, kind, shown
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
 
@@ -59,15 +67,9 @@ MANAGED_FLAGS = {
     "gpu-memory-utilization": "gpu_memory_utilization of the instance",
     "port": "port of the instance",
     "host": "vllm_service_host",
-    "max-model-len": "max_model_len in the model entry of vllm_models",
-    "quantization": "quantization in the model entry of vllm_models",
-    "kv-cache-dtype": "kv_cache_dtype in the model entry of vllm_models",
-    "tool-call-parser": "tool_call_parser in the model entry of vllm_models",
-    "enable-auto-tool-choice": "tool_call_parser in the model entry of vllm_models (it turns this on)",
-    "reasoning-parser": "reasoning_parser in the model entry of vllm_models",
-    "trust-remote-code": "trust_remote_code: true in the model entry of vllm_models",
     "disable-custom-all-reduce": "vllm_service_disable_custom_all_reduce",
 }
+MANAGED_FLAGS.update(MANAGED)  # the vLLM settings of the schema (plugins/plugin_utils/schema.py)
 MANAGED_FLAGS.update(multinode.MULTINODE_FLAGS)
 
 #: Flags that must never appear, canonical name -> why.
@@ -106,7 +108,6 @@ _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*(=.*)?$", re.S)
 _NUMBER = re.compile(r"^-[0-9.]")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_PARSER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class ServiceSpecError(ValueError):
@@ -233,6 +234,8 @@ def check_extra_args(groups, where: str) -> list[str]:
         base = name[3:] if name.startswith("no-") else name
         if base in FORBIDDEN_FLAGS:
             problems.append(f"{where}: '{flag}' is not allowed: {FORBIDDEN_FLAGS[base]}")
+        elif base in PROMOTED:
+            pass  # a flag that became a key: accepted as it is, with a warning (see _promoted_warnings)
         elif base in MANAGED_FLAGS:
             problems.append(f"{where}: '{flag}' duplicates a flag the role sets (--{base}); "
                             f"remove it and set {MANAGED_FLAGS[base]} instead")
@@ -321,9 +324,8 @@ def env_problems(value, where, problems):
 
 # --------------------------------------------------------------------------- the spec
 
-#: Keys of an instance that override the model's settings for that instance only.
-INSTANCE_OVERRIDES = ("served_model_name", "max_model_len", "quantization", "kv_cache_dtype", "tool_call_parser",
-                      "reasoning_parser", "trust_remote_code")
+#: Keys of an instance that override the model's settings for that instance only (the schema's rows).
+INSTANCE_OVERRIDES = OVERRIDES
 
 
 def _model_settings(entry, models, where, problems):
@@ -347,16 +349,36 @@ def _model_settings(entry, models, where, problems):
     return key, merged
 
 
-def _str_setting(settings, key, where, problems, pattern=None):
-    value = settings.get(key)
-    if value in (None, ""):
-        return None
-    if not isinstance(value, str) or (pattern is not None and not pattern.match(value)):
-        problems.append(f"{where}: {key} is {value!r}; use a name such as "
-                        + {"quantization": "'fp8'", "kv_cache_dtype": "'fp8'", "tool_call_parser": "'hermes'",
-                           "reasoning_parser": "'deepseek_r1'"}.get(key, "'auto'"))
-        return None
-    return value
+def _flag_settings(settings, where, problems):
+    """The vLLM settings (schema.FLAG_ROWS) of merged model + instance settings, checked; None when one is refused."""
+    values = {}
+    for row in FLAG_ROWS:
+        key = row["key"]
+        value = settings.get(key)
+        if row["check"] == "bool" and value is not None:
+            try:
+                value = _as_bool(value, None)
+            except ValueError:
+                pass
+        reason = value_problem(key, value)
+        if reason:
+            problems.append(f"{where}: {key} is {value!r}; {reason}")
+            return None
+        values[key] = value
+    return values
+
+
+def _promoted_warnings(name, groups):
+    """A flag in extra_args that a key now sets: it still works; say which key replaces it."""
+    out = []
+    for group in groups:
+        base = canonical_flag(group[0])
+        row = PROMOTED.get(base[3:] if base.startswith("no-") else base)
+        if row:
+            out.append(f"instance '{name}': extra_args has '{' '.join(group)}'; since {row['promoted']} this is the "
+                       f"key {row['key']} (in the model entry of vllm_models, or on the instance): set {row['key']} "
+                       "and remove the flag (it is passed as it is until then)")
+    return out
 
 
 def _one_spec(pos, entry, models, opts, problems, warnings):
@@ -409,18 +431,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
     served_list = served if isinstance(served, list) else [served]
     if not served_list or not all(isinstance(s, str) and s and not any(c.isspace() for c in s) for s in served_list):
         problems.append(f"{mwhere}: served_model_name {served!r} must be a name without spaces (or a list of them)")
-    try:
-        trust = _as_bool(settings.get("trust_remote_code"), False)
-    except ValueError:
-        problems.append(f"{mwhere}: trust_remote_code is {settings.get('trust_remote_code')!r}; use true or false")
-        trust = False
-    max_len = settings.get("max_model_len")
-    if max_len is not None and (not _is_int(max_len) or max_len < 1):
-        problems.append(f"{mwhere}: max_model_len is {max_len!r}; use a whole number of tokens")
-    quant = _str_setting(settings, "quantization", mwhere, problems, _PARSER_NAME)
-    kv_dtype = _str_setting(settings, "kv_cache_dtype", mwhere, problems, _PARSER_NAME)
-    tool_parser = _str_setting(settings, "tool_call_parser", mwhere, problems, _PARSER_NAME)
-    reasoning = _str_setting(settings, "reasoning_parser", mwhere, problems, _PARSER_NAME)
+    flag_values = _flag_settings(settings, mwhere, problems)
 
     groups = []
     for source, label in ((settings.get("extra_args"), f"{mwhere}.extra_args"),
@@ -439,6 +450,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
     env_inst.update(env_problems(entry.get("env"), f"{where}.env", problems))
     if len(problems) > before:
         return None
+    warnings.extend(_promoted_warnings(name, groups))
 
     # ---- command line
     args = [["--model", path]]
@@ -449,19 +461,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         args.append(["--gpu-memory-utilization", format(float(util), "g")])
     args.append(["--host", opts["host"]])
     args.append(["--port", str(entry["port"])])
-    if max_len is not None:
-        args.append(["--max-model-len", str(max_len)])
-    if quant:
-        args.append(["--quantization", quant])
-    if kv_dtype:
-        args.append(["--kv-cache-dtype", kv_dtype])
-    if tool_parser:
-        args.append(["--enable-auto-tool-choice"])
-        args.append(["--tool-call-parser", tool_parser])
-    if reasoning:
-        args.append(["--reasoning-parser", reasoning])
-    if trust:
-        args.append(["--trust-remote-code"])
+    args.extend(flag_args(flag_values))
     if opts["disable_custom_all_reduce"]:
         args.append(["--disable-custom-all-reduce"])
 
@@ -562,7 +562,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         "model_path": path,
         "served_model_name": served_list[0],
         "served_model_names": served_list,
-        "trust_remote_code": trust,
+        "trust_remote_code": bool(flag_values.get("trust_remote_code")),
         "host": opts["host"],
         "connect_host": _connect_host(opts["host"]),
         "port": entry["port"],

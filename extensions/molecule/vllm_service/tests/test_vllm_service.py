@@ -209,6 +209,8 @@ def test_tp_and_served_name_follow_from_the_inventory_to_the_process_and_the_foo
         assert cmdline[cmdline.index("--tensor-parallel-size") + 1] == str(tp)
         assert cmdline[cmdline.index("--served-model-name") + 1] == served
         assert [e["gpus"] for e in entry["expected"]] == [entry["gpus"]] and len(entry["gpus"]) == tp
+        # settings of the schema reach the real vLLM, which started with them (its argparse refuses a wrong flag)
+        assert cmdline[cmdline.index("--max-num-seqs") + 1] == "16" and "--enable-prefix-caching" in cmdline
 
 
 # --------------------------------------------------------------------------- the converged host

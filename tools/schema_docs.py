@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Write what the inventory schema (plugins/plugin_utils/schema.py) documents, between markers:
+
+- the ``vllm_instances`` options of ``roles/vllm_preflight/meta/argument_specs.yml`` (both entry points share
+  them through a YAML anchor);
+- the key tables of ``docs/plan.md`` (instance keys, model keys) and the settings -> flags table of
+  ``docs/service.md``.
+
+    python tools/schema_docs.py           rewrite the blocks
+    python tools/schema_docs.py --check   exit 1 (with a diff) when a block differs from what the schema gives
+
+``make lint`` runs ``--check``; a new key is one row of the schema, then this script.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, ".build"))
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils import schema  # noqa: E402
+
+SPEC = os.path.join(ROOT, "roles", "vllm_preflight", "meta", "argument_specs.yml")
+PLAN_MD = os.path.join(ROOT, "docs", "plan.md")
+SERVICE_MD = os.path.join(ROOT, "docs", "service.md")
+YAML_BEGIN = "# BEGIN schema: vllm_instances options, written by tools/schema_docs.py from plugins/plugin_utils/schema.py"
+YAML_END = "# END schema"
+MODELS_BEGIN = "# BEGIN schema: vllm_models description, written by tools/schema_docs.py from plugins/plugin_utils/schema.py"
+
+
+def _md_block(name, body):
+    return (f"<!-- BEGIN schema: {name}, written by tools/schema_docs.py from plugins/plugin_utils/schema.py -->\n"
+            f"{body}\n<!-- END schema: {name} -->")
+
+
+def _replace(text, begin, end, block, path):
+    """``text`` with the lines from the one starting with ``begin`` to the one starting with ``end`` replaced."""
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith(begin)]
+    if len(starts) != 1:
+        raise SystemExit(f"{path}: expected one line starting with {begin!r}, found {len(starts)}")
+    stop = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].strip().startswith(end)), None)
+    if stop is None:
+        raise SystemExit(f"{path}: no {end!r} after {begin!r}")
+    return "\n".join(lines[:starts[0]] + block.split("\n") + lines[stop + 1:])
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block sequences indented under their key (yamllint's indent-sequences)."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+
+def spec_text(text):
+    lines = text.split("\n")
+    indent = next(line for line in lines if line.strip().startswith(YAML_BEGIN))
+    pad = indent[:len(indent) - len(indent.lstrip())]
+    dumped = yaml.dump(schema.argument_spec_options(), Dumper=_Dumper, sort_keys=False, width=110, default_flow_style=False)
+    body = "\n".join(pad + line if line else line for line in dumped.rstrip("\n").split("\n"))
+    text = _replace(text, YAML_BEGIN, YAML_END, f"{pad}{YAML_BEGIN}\n{body}\n{pad}{YAML_END}", SPEC)
+    lines = text.split("\n")
+    indent = next(line for line in lines if line.strip().startswith(MODELS_BEGIN))
+    pad = indent[:len(indent) - len(indent.lstrip())]
+    dumped = yaml.dump(schema.models_description(), Dumper=_Dumper, width=110, default_flow_style=False)
+    body = "\n".join(pad + line for line in dumped.rstrip("\n").split("\n"))
+    return _replace(text, MODELS_BEGIN, YAML_END, f"{pad}{MODELS_BEGIN}\n{body}\n{pad}{YAML_END}", SPEC)
+
+
+def plan_text(text):
+    for name, level in (("instance keys", schema.INSTANCE), ("model keys", schema.MODEL)):
+        text = _replace(text, f"<!-- BEGIN schema: {name}", f"<!-- END schema: {name}",
+                        _md_block(name, schema.docs_table(level)), PLAN_MD)
+    return text
+
+
+def service_text(text):
+    return _replace(text, "<!-- BEGIN schema: flags", "<!-- END schema: flags",
+                    _md_block("flags", schema.flags_table()), SERVICE_MD)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--check", action="store_true", help="fail when a block is out of date")
+    args = ap.parse_args()
+    stale = 0
+    for path, render in ((SPEC, spec_text), (PLAN_MD, plan_text), (SERVICE_MD, service_text)):
+        with open(path, encoding="utf-8") as handle:
+            current = handle.read()
+        new = render(current)
+        if new == current:
+            continue
+        if args.check:
+            stale += 1
+            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), new.splitlines(True),
+                                                       path, path + " (from the schema)"))
+        else:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(new)
+            print(f"wrote {os.path.relpath(path, ROOT)}")
+    if stale:
+        print(f"\n{stale} file(s) differ from plugins/plugin_utils/schema.py: run python tools/schema_docs.py")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
