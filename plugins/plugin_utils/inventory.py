@@ -26,7 +26,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (
     PROMOTED,
     value_problem,
 )
-from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import (
     canonical_flag,
     check_extra_args,
     env_problems,
