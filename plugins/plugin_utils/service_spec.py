@@ -201,7 +201,8 @@ def _promoted_warnings(name, groups):
     return out
 
 
-def _one_spec(pos, entry, models, opts, problems, warnings):
+def _check_entry(pos, entry, opts, problems):
+    """One planned instance's own fields: ``(name, where, unit)``, or None when it cannot be read at all."""
     where = f"vllm_service_plan[{pos}]"
     if not isinstance(entry, dict):
         problems.append(f"{where} must be a dict (one entry of the gpu_plan output), got {type(entry).__name__}")
@@ -212,7 +213,6 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
                         "pass the output of inferops.vllm.gpu_plan")
         return None
     where = f"{where} '{name}'"
-    before = len(problems)
     unit = entry.get("unit") or f"{opts['unit_prefix']}{name}.service"
     expected_unit = f"{opts['unit_prefix']}{name}.service"
     if unit != expected_unit:
@@ -223,13 +223,20 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
             problems.append(f"{where}: {key} is {entry.get(key)!r}; pass the output of inferops.vllm.gpu_plan")
     # A CPU-only plan (vllm_cpu_plan) has no GPUs: no pinning, no memory fraction, no footprint.
     cvd = entry.get("cuda_visible_devices") or ""
-    has_gpus = bool(cvd) or bool(entry.get("gpus"))
-    if has_gpus and (not isinstance(cvd, str) or not re.match(r"^[A-Za-z0-9,:._-]+$", cvd)):
+    if _has_gpus(entry) and (not isinstance(cvd, str) or not re.match(r"^[A-Za-z0-9,:._-]+$", cvd)):
         problems.append(f"{where}: cuda_visible_devices is {cvd!r}; pass the output of inferops.vllm.gpu_plan")
     util = entry.get("gpu_memory_utilization")
-    if has_gpus and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
+    if _has_gpus(entry) and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
         problems.append(f"{where}: gpu_memory_utilization is {util!r}; pass the output of inferops.vllm.gpu_plan")
+    return name, where, expected_unit
 
+
+def _has_gpus(entry):
+    return bool(entry.get("cuda_visible_devices")) or bool(entry.get("gpus"))
+
+
+def _model_of(entry, models, opts, where, problems):
+    """The instance's model: ``{key, where, settings, path, served, flags}``, or None when it is not declared."""
     model_key, settings = _model_settings(entry, models, where, problems)
     if settings is None:
         return None
@@ -251,40 +258,40 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
     served_list = served if isinstance(served, list) else [served]
     if not served_list or not all(isinstance(s, str) and s and not any(c.isspace() for c in s) for s in served_list):
         problems.append(f"{mwhere}: served_model_name {served!r} must be a name without spaces (or a list of them)")
-    flag_values = _flag_settings(settings, mwhere, problems)
+    return {"key": model_key, "where": mwhere, "settings": settings, "path": path, "served": served_list,
+            "flags": _flag_settings(settings, mwhere, problems)}
 
+
+def _additions(entry, model, name, where, problems):
+    """The model's and the instance's extra_args (flag groups) and env (model's, instance's), checked."""
+    settings, mwhere = model["settings"], model["where"]
     groups = []
     for source, label in ((settings.get("extra_args"), f"{mwhere}.extra_args"),
                           (entry.get("extra_args"), f"{where}.extra_args")):
         try:
-            parsed = parse_extra_args(source, label)
+            groups.extend(parse_extra_args(source, label))
         except ValueError as exc:
             problems.append(str(exc))
-            continue
-        groups.extend(parsed)
     problems.extend(check_extra_args(groups, f"extra_args of instance '{name}'"))
-
     env_model = env_problems(settings.get("environment"), f"{mwhere}.environment", problems)
     env_model.update(env_problems(settings.get("env"), f"{mwhere}.env", problems))
     env_inst = env_problems(entry.get("environment"), f"{where}.environment", problems)
     env_inst.update(env_problems(entry.get("env"), f"{where}.env", problems))
-    if len(problems) > before:
-        return None
-    warnings.extend(_promoted_warnings(name, groups))
+    return groups, env_model, env_inst
 
-    # ---- command line
-    args = [["--model", path]]
-    args.append(["--served-model-name"] + served_list)
-    args.append(["--tensor-parallel-size", str(entry["tensor_parallel_size"])])
-    args.append(["--pipeline-parallel-size", str(entry["pipeline_parallel_size"])])
-    if has_gpus:
-        args.append(["--gpu-memory-utilization", format(float(util), "g")])
+
+def _command_line(entry, model, groups, opts, where, problems):
+    """The vLLM flags of one instance (groups of tokens), or None when a multi-node flag clashes."""
+    args = [["--model", model["path"]], ["--served-model-name"] + model["served"],
+            ["--tensor-parallel-size", str(entry["tensor_parallel_size"])],
+            ["--pipeline-parallel-size", str(entry["pipeline_parallel_size"])]]
+    if _has_gpus(entry):
+        args.append(["--gpu-memory-utilization", format(float(entry["gpu_memory_utilization"]), "g")])
     args.append(["--host", opts["host"]])
     args.append(["--port", str(entry["port"])])
-    args.extend(flag_args(flag_values))
+    args.extend(flag_args(model["flags"]))
     if opts["disable_custom_all_reduce"]:
         args.append(["--disable-custom-all-reduce"])
-
     mn = entry.get("multinode")
     if mn:
         clash = [g[0] for g in groups if canonical_flag(g[0]) == "distributed-executor-backend"]
@@ -296,9 +303,11 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         if mn["headless"]:
             args = [g for g in args if g[0] not in ("--host", "--port")]
         args.extend(multinode.flags(mn))
-    args.extend(groups)
+    return args + groups
 
-    # ---- binding
+
+def _binding(name, entry, opts, warnings):
+    """CPUs and NUMA binding the host can apply: ``(cpus, numa, numa_mode, exec prefix)``; each compromise warns."""
     cpus = int_list(entry.get("cpus")) or []
     online = opts["online_cpus"]
     if cpus and online is not None:
@@ -328,16 +337,20 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
             numa_mode = "numactl"
         else:
             numa_mode = "systemd"
-    prefix = []
-    if numa_mode == "numactl":
-        prefix = [opts["numactl"], f"--cpunodebind={numa}", f"--membind={numa}", "--"]
+    prefix = [opts["numactl"], f"--cpunodebind={numa}", f"--membind={numa}", "--"] if numa_mode == "numactl" else []
+    return cpus, numa, numa_mode, prefix
 
-    # ---- environment (public part; secrets go to the environment file)
+
+def _environment(name, entry, opts, added, where, problems):
+    """The unit's public environment (secrets go to the environment file), or None on a multi-node clash.
+
+    ``added``: the model's and the instance's ``env`` (in that order, over the role's NCCL and global ones).
+    """
     cache_dir = f"{opts['cache_dir'].rstrip('/')}/{name}"
     env = []
-    if has_gpus:
+    if _has_gpus(entry):
         env += [("CUDA_DEVICE_ORDER", entry.get("cuda_device_order") or "PCI_BUS_ID"),
-                ("CUDA_VISIBLE_DEVICES", cvd)]
+                ("CUDA_VISIBLE_DEVICES", entry.get("cuda_visible_devices") or "")]
     env += [
         ("VLLM_PORT", None),  # filled in by service_specs once every instance's range is known
         ("HF_HUB_OFFLINE", "1"),
@@ -351,48 +364,68 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         ("TMPDIR", opts["tmp_dir"] or f"{cache_dir}/tmp"),
     ]
     extra_env = {}
-    extra_env.update(opts["nccl_env"])
-    extra_env.update(opts["environment"])
-    extra_env.update(env_model)
-    extra_env.update(env_inst)
+    for layer in (opts["nccl_env"], opts["environment"]) + tuple(added):
+        extra_env.update(layer)
     fixed = {k for k, _v in env}
     for key, val in extra_env.items():
         if key in fixed:
             env = [(k, val if k == key else v) for k, v in env]
         else:
             env.append((key, val))
-    if mn:
-        for key, val in multinode.environment(mn):
-            if key in extra_env and extra_env[key] != val:
-                problems.append(f"{where}: {key} is set to {extra_env[key]!r} in the environment, but this "
-                                f"multi-node instance must use {val!r} (from vllm_service_network_interface); "
-                                f"remove {key} from vllm_service_nccl_env / vllm_service_environment / env")
-                return None
-            env = [(k, v) for k, v in env if k != key] + [(key, val)]
+    mn = entry.get("multinode")
+    for key, val in multinode.environment(mn) if mn else ():
+        if key in extra_env and extra_env[key] != val:
+            problems.append(f"{where}: {key} is set to {extra_env[key]!r} in the environment, but this "
+                            f"multi-node instance must use {val!r} (from vllm_service_network_interface); "
+                            f"remove {key} from vllm_service_nccl_env / vllm_service_environment / env")
+            return None, cache_dir
+        env = [(k, v) for k, v in env if k != key] + [(key, val)]
+    return env, cache_dir
 
+
+def _one_spec(pos, entry, models, opts, problems, warnings):
+    """One planned instance -> its unit's content (command line, environment, binding), or None (problems)."""
+    before = len(problems)
+    checked = _check_entry(pos, entry, opts, problems)
+    if checked is None:
+        return None
+    name, where, unit = checked
+    model = _model_of(entry, models, opts, where, problems)
+    if model is None:
+        return None
+    groups, env_model, env_inst = _additions(entry, model, name, where, problems)
+    if len(problems) > before:
+        return None
+    warnings.extend(_promoted_warnings(name, groups))
+    args = _command_line(entry, model, groups, opts, where, problems)
+    if args is None:
+        return None
+    cpus, numa, numa_mode, prefix = _binding(name, entry, opts, warnings)
+    env, cache_dir = _environment(name, entry, opts, (env_model, env_inst), where, problems)
+    if env is None:
+        return None
     cpu_build_settings(name, entry, cpus, args, env, opts, warnings)
 
     python = opts["python"] or f"{opts['venv'].rstrip('/')}/bin/python"
-    entrypoint = _entrypoint(mn)
-    argv = prefix + [python] + entrypoint + [tok for g in args for tok in g]
+    entrypoint = _entrypoint(entry.get("multinode"))
     return {
         "name": name,
-        "unit": expected_unit,
-        "model": model_key,
-        "model_path": path,
-        "served_model_name": served_list[0],
-        "served_model_names": served_list,
-        "trust_remote_code": bool(flag_values.get("trust_remote_code")),
+        "unit": unit,
+        "model": model["key"],
+        "model_path": model["path"],
+        "served_model_name": model["served"][0],
+        "served_model_names": model["served"],
+        "trust_remote_code": bool(model["flags"].get("trust_remote_code")),
         "host": opts["host"],
         "connect_host": _connect_host(opts["host"]),
         "port": entry["port"],
         "gpus": list(entry.get("gpus") or []),
         "gpu_uuids": list(entry.get("gpu_uuids") or []),
-        "cuda_visible_devices": cvd,
-        "has_gpus": has_gpus,
+        "cuda_visible_devices": entry.get("cuda_visible_devices") or "",
+        "has_gpus": _has_gpus(entry),
         "tensor_parallel_size": entry["tensor_parallel_size"],
         "pipeline_parallel_size": entry["pipeline_parallel_size"],
-        "gpu_memory_utilization": util,
+        "gpu_memory_utilization": entry.get("gpu_memory_utilization"),
         "numa_node": numa,
         "numa_mode": numa_mode,
         "cpus": cpus,
@@ -403,7 +436,7 @@ def _one_spec(pos, entry, models, opts, problems, warnings):
         "python": python,
         "exec_prefix": prefix,
         "args": args,
-        "argv": argv,
+        "argv": prefix + [python] + entrypoint + [tok for g in args for tok in g],
         "exec_start": _exec_lines(prefix, python, args, entrypoint),
         "environment": env,
         "expected": entry.get("expected") or [],
