@@ -457,4 +457,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
                        "online_cpus": compress_ints(int_list(facts.get("online_cpus")) or []),
                        "gpu_count": len(gpus)},
         "warnings": specs["warnings"],
+        # broken GPU peer-to-peer is harmless when every instance runs without it (the health stage reads this)
+        "p2p_mitigated": str((opts["nccl_env"] or {}).get("NCCL_P2P_DISABLE", "")) == "1"
+        and bool(opts["disable_custom_all_reduce"]),
     }

@@ -45,9 +45,9 @@ CASES = {
                     "fabric manager 580.95.05 does not match the driver 580.159.04"),
     "p2p": ("fault-seed-p2p-ns", {"vllm_preflight_plan": SEED_TP8}, "fail",
             "tensor-parallel group GPUs 0,1,2,3,4,5,6,7: P2P read is not available (GPU0-GPU4 NS"),
-    "p2p-mitigated": ("fault-seed-p2p-ns", {"vllm_preflight_plan": SEED_TP8,
-                                            "vllm_service_nccl_env": {"NCCL_P2P_DISABLE": "1"},
-                                            "vllm_service_disable_custom_all_reduce": True}, "pass", None),
+    # the plan says so (p2p_mitigated: NCCL_P2P_DISABLE=1 in vllm_service_nccl_env and
+    # vllm_service_disable_custom_all_reduce, read by the planner); the health stage reads only the plan
+    "p2p-mitigated": ("fault-seed-p2p-ns", {"vllm_preflight_plan": dict(SEED_TP8, p2p_mitigated=True)}, "pass", None),
     "old-driver": ("h200-1gpu", {"vllm_preflight_plan": ONE, "vllm_preflight_health_min_driver": "590.1"},
                    "fail", "driver 580.159.04 is older than 590.1"),
     "reset": ("fault-h200-reset-required", {"vllm_preflight_plan": ONE}, "fail",

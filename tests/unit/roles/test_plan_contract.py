@@ -281,3 +281,19 @@ def test_what_the_plan_accepts_renders_exactly_and_serves(tmp_path_factory, shap
     keys = sorted({i["model"]["key"] for i in plan["instances"]})
     wanted = wanted_models(MODELS, keys, models_dir=plan["paths"]["models_dir"])
     assert {m["current"] for m in wanted["models"]} == {i["model"]["path"] for i in plan["instances"]}
+
+
+def test_the_plan_says_whether_broken_p2p_is_mitigated_and_health_reads_only_that():
+    """The health stage's p2p_mitigated comes from the plan (both inputs set), not from the inventory."""
+    models = {"m": {"repo_id": "org/m", "revision": SHA}}
+    base = {"name": "chat", "model": "m"}
+
+    def plan(**inputs):
+        return build_plan(models, [base], host_facts("h200-1gpu"), dict(inputs), host="h")
+
+    assert plan()["p2p_mitigated"] is False
+    assert plan(vllm_service_nccl_env={"NCCL_P2P_DISABLE": "1"})["p2p_mitigated"] is False
+    assert plan(vllm_service_nccl_env={"NCCL_P2P_DISABLE": 1},
+                vllm_service_disable_custom_all_reduce=True)["p2p_mitigated"] is True
+    tasks = load_yaml("roles", "vllm_preflight", "tasks", "health.yml")
+    assert tasks[0]["inferops.vllm.gpu_health"]["p2p_mitigated"] == "{{ vllm_preflight_plan.p2p_mitigated | default(false) }}"
