@@ -24,10 +24,11 @@ PLAY = """- name: The first stage of vllm_weights with a plan
 """
 
 
-def run(tmp_path, **variables):
+def run(tmp_path, plan=True, **variables):
     (tmp_path / "play.yml").write_text(PLAY)
-    host = dict({"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                 "vllm_preflight_plan": {"paths": {"models_dir": "/srv/models"}, "instances": []}}, **variables)
+    host = dict({"ansible_connection": "local", "ansible_python_interpreter": sys.executable}, **variables)
+    if plan:
+        host["vllm_preflight_plan"] = {"paths": {"models_dir": "/srv/models"}, "instances": []}
     (tmp_path / "inventory.json").write_text(json.dumps({"all": {"hosts": {"node": host}}}))
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_COLLECTIONS_PATH=os.path.join(ROOT, ".build"),
                ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_RETRY_FILES_ENABLED="0")
@@ -52,3 +53,9 @@ def test_a_second_models_directory_is_refused_naming_both_and_the_fix(tmp_path):
     assert "Traceback" not in out and "changed=0" in out
     rc, out = run(tmp_path, vllm_weights_models_dir="/srv/models/")
     assert rc == 0, out[-3000:]
+
+
+def test_without_a_plan_the_install_roles_models_directory(tmp_path):
+    rc, out = run(tmp_path, plan=False, vllm_install_models_dir="/opt/models")
+    assert rc == 0, out[-3000:]
+    assert "models_dir=/opt/models" in out
