@@ -542,6 +542,36 @@ def _exec_lines(prefix, python, args, entrypoint=None) -> list[str]:
     return [head] + [" ".join(systemd_quote(t) for t in group) for group in args]
 
 
+def _vllm_ports(specs, port_base, stride, problems):
+    """Give every spec its VLLM_PORT range (vLLM takes its internal ports from this base upwards): its own
+    ``vllm_port`` or ``port_base + position x stride``; ranges must not overlap nor hold an HTTP port."""
+    http_ports = {spec["port"]: spec["name"] for _pos, spec in specs}
+    ranges = []
+    for pos, spec in specs:
+        base = spec["vllm_port"]
+        if base is None:
+            base = port_base + pos * stride
+        elif not _is_int(base) or not 1024 <= base <= 65535:
+            problems.append(f"vllm_service_plan[{pos}] '{spec['name']}': vllm_port is {base!r}; use a port number "
+                            "from 1024 upwards")
+            continue
+        top = base + stride - 1
+        if top > 65535:
+            problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} ends above 65535; lower "
+                            "vllm_service_vllm_port_base or vllm_service_vllm_port_stride")
+        for port, other in http_ports.items():
+            if base <= port <= top:
+                problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} (vLLM's internal ports) "
+                                f"contains the HTTP port {port} of '{other}'; move vllm_service_vllm_port_base")
+        for obase, otop, oname in ranges:
+            if base <= otop and obase <= top:
+                problems.append(f"instances '{oname}' and '{spec['name']}' have overlapping VLLM_PORT ranges "
+                                f"{obase}-{otop} and {base}-{top}; give them distinct vllm_port values")
+        ranges.append((base, top, spec["name"]))
+        spec["vllm_port"] = base
+        spec["environment"] = [(k, str(base) if k == "VLLM_PORT" else v) for k, v in spec["environment"]]
+
+
 def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/current", python=None,
                   models_dir="/var/lib/inferops/models", cache_dir="/var/cache/inferops/vllm",
                   config_dir="/etc/inferops/vllm", tmp_dir="/tmp", unit_prefix="vllm-",
@@ -612,33 +642,7 @@ def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/cu
     if problems:
         raise ServiceSpecError(problems, inventory_host)
 
-    # VLLM_PORT: vLLM takes its internal ports from this base upwards, so every instance gets its
-    # own range of vllm_port_stride ports (by plan position unless the instance names one).
-    http_ports = {spec["port"]: spec["name"] for _pos, spec in specs}
-    ranges = []
-    for pos, spec in specs:
-        base = spec["vllm_port"]
-        if base is None:
-            base = vllm_port_base + pos * vllm_port_stride
-        elif not _is_int(base) or not 1024 <= base <= 65535:
-            problems.append(f"vllm_service_plan[{pos}] '{spec['name']}': vllm_port is {base!r}; use a port number "
-                            "from 1024 upwards")
-            continue
-        top = base + vllm_port_stride - 1
-        if top > 65535:
-            problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} ends above 65535; lower "
-                            "vllm_service_vllm_port_base or vllm_service_vllm_port_stride")
-        for port, other in http_ports.items():
-            if base <= port <= top:
-                problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} (vLLM's internal ports) "
-                                f"contains the HTTP port {port} of '{other}'; move vllm_service_vllm_port_base")
-        for obase, otop, oname in ranges:
-            if base <= otop and obase <= top:
-                problems.append(f"instances '{oname}' and '{spec['name']}' have overlapping VLLM_PORT ranges "
-                                f"{obase}-{otop} and {base}-{top}; give them distinct vllm_port values")
-        ranges.append((base, top, spec["name"]))
-        spec["vllm_port"] = base
-        spec["environment"] = [(k, str(base) if k == "VLLM_PORT" else v) for k, v in spec["environment"]]
+    _vllm_ports(specs, vllm_port_base, vllm_port_stride, problems)
     if problems:
         raise ServiceSpecError(problems, inventory_host)
     for _pos, spec in specs:
