@@ -331,6 +331,60 @@ def _url(host, port):
     return f"http://{host}:{port}"
 
 
+def _instances(placed, specs, records, models):
+    """The plan's instances (placement + unit spec + model, in plan order) and the GPUs they share
+    (index -> units)."""
+    by_gpu = {}
+    for entry in placed:
+        for index in entry["gpus"]:
+            by_gpu.setdefault(index, []).append(entry["unit"])
+    shared = {i: units for i, units in by_gpu.items() if len(units) > 1}
+    out = []
+    for entry, spec, rec in zip(placed, specs, records):
+        model = models[rec["model"]]
+        share_with = sorted({u for i in entry["gpus"] for u in shared.get(i, []) if u != entry["unit"]})
+        mn = entry.get("multinode")
+        out.append({
+            "name": spec["name"],
+            "unit": spec["unit"],
+            "model": {"key": model["key"], "repo_id": model["repo_id"], "revision": model["revision"],
+                      "path": spec["model_path"], "fetched": model["fetched"]},
+            "served_model_name": spec["served_model_name"],
+            "served_model_names": spec["served_model_names"],
+            "gpus": list(entry["gpus"]),
+            "gpu_uuids": list(entry["gpu_uuids"]),
+            "cuda_visible_devices": spec["cuda_visible_devices"],
+            "numa_node": entry["numa_node"],
+            "numa_mode": spec["numa_mode"],
+            "cpus": spec["cpus"],
+            "cpus_str": spec["cpu_affinity"],
+            "link": entry.get("link"),
+            "tensor_parallel_size": spec["tensor_parallel_size"],
+            "pipeline_parallel_size": spec["pipeline_parallel_size"],
+            "gpu_memory_utilization": spec["gpu_memory_utilization"],
+            "bind_address": spec["host"],
+            "port": spec["port"],
+            "url": _url(spec["connect_host"], spec["port"]),
+            "vllm_port": spec["vllm_port"],
+            "share_gpus_with": share_with,
+            "python": spec["python"],
+            "exec_prefix": spec["exec_prefix"],
+            "args": spec["args"],
+            "argv": spec["argv"],
+            "environment": spec["environment"],
+            "env_file": spec["env_file"],
+            "cache_dir": spec["cache_dir"],
+            "trust_remote_code": spec["trust_remote_code"],
+            "expected": entry["expected"],
+        })
+        if mn:
+            out[-1]["multinode"] = {k: v for k, v in mn.items()
+                                    if k not in ("tensor_parallel_size", "pipeline_parallel_size")}
+            if mn["headless"]:
+                out[-1]["url"] = None  # a headless rank serves no API; rank 0's url is the instance's
+    return out, shared
+
+
 def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
     """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
 
@@ -379,54 +433,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     except ValueError as exc:
         raise PlanContractError([str(exc)], host) from exc
 
-    by_gpu = {}
-    for entry in placed:
-        for index in entry["gpus"]:
-            by_gpu.setdefault(index, []).append(entry["unit"])
-    shared = {i: units for i, units in by_gpu.items() if len(units) > 1}
-    out = []
-    for entry, spec, rec in zip(placed, specs["instances"], records):
-        model = norm["models"][rec["model"]]
-        share_with = sorted({u for i in entry["gpus"] for u in shared.get(i, []) if u != entry["unit"]})
-        mn = entry.get("multinode")
-        out.append({
-            "name": spec["name"],
-            "unit": spec["unit"],
-            "model": {"key": model["key"], "repo_id": model["repo_id"], "revision": model["revision"],
-                      "path": spec["model_path"], "fetched": model["fetched"]},
-            "served_model_name": spec["served_model_name"],
-            "served_model_names": spec["served_model_names"],
-            "gpus": list(entry["gpus"]),
-            "gpu_uuids": list(entry["gpu_uuids"]),
-            "cuda_visible_devices": spec["cuda_visible_devices"],
-            "numa_node": entry["numa_node"],
-            "numa_mode": spec["numa_mode"],
-            "cpus": spec["cpus"],
-            "cpus_str": spec["cpu_affinity"],
-            "link": entry.get("link"),
-            "tensor_parallel_size": spec["tensor_parallel_size"],
-            "pipeline_parallel_size": spec["pipeline_parallel_size"],
-            "gpu_memory_utilization": spec["gpu_memory_utilization"],
-            "bind_address": spec["host"],
-            "port": spec["port"],
-            "url": _url(spec["connect_host"], spec["port"]),
-            "vllm_port": spec["vllm_port"],
-            "share_gpus_with": share_with,
-            "python": spec["python"],
-            "exec_prefix": spec["exec_prefix"],
-            "args": spec["args"],
-            "argv": spec["argv"],
-            "environment": spec["environment"],
-            "env_file": spec["env_file"],
-            "cache_dir": spec["cache_dir"],
-            "trust_remote_code": spec["trust_remote_code"],
-            "expected": entry["expected"],
-        })
-        if mn:
-            out[-1]["multinode"] = {k: v for k, v in mn.items()
-                                    if k not in ("tensor_parallel_size", "pipeline_parallel_size")}
-            if mn["headless"]:
-                out[-1]["url"] = None  # a headless rank serves no API; rank 0's url is the instance's
+    out, shared = _instances(placed, specs["instances"], records, norm["models"])
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
     frontdoors, frontdoor_metrics, fd_problems = plan_frontdoors(
         out, norm["models"], opts["frontdoor_bind_address"] or opts["host"], opts["vllm_port_stride"],
