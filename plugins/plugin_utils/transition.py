@@ -157,115 +157,133 @@ def plan_transition(live, instances, restart, recorded=None, plan=None, prune=Tr
     (where its running process is drained first: the recorded plan's front door, else the new plan's),
     ``frontdoor`` and ``url`` (where a restarted instance is put back: the new plan's).
     """
-    recorded_by_name = {i.get("name"): i for i in (recorded or {}).get("instances") or [] if isinstance(i, dict)}
-    planned = {i["name"]: i for i in instances}
-    single = [i["name"] for i in instances if not i.get("multinode")]
-    restart = set(restart or ())
-    new_res = {name: _planned_resources(planned[name]) for name in planned}
-    index_of = {}
-    for inst in list(recorded_by_name.values()) + list(instances):
-        index_of.update({str(u).lower(): str(g) for g, u in zip(inst.get("gpus") or [], inst.get("gpu_uuids") or [])})
+    work = _Transition(live, instances, restart, recorded, plan, prune)
+    work.order()
+    planned, steps, problems = work.planned, work.steps, work.problems
+    removed = sorted(u["name"] for u in live or [] if u["name"] not in planned)
+    gaps = [] if problems else _gaps(_before_models(live, work.recorded_by_name, planned, work.restart), steps,
+                                     planned)
+    return {"steps": steps, "gaps": gaps, "removed": removed, "problems": problems,
+            "lines": describe(steps, gaps, problems)}
 
-    holders = {}
-    for unit in live or []:
-        if unit.get("state") not in HOLDING_STATES:
-            continue
-        name = unit["name"]
-        rec = recorded_by_name.get(name)
-        is_planned = name in planned
-        holders[name] = {
-            "unit": unit["unit"],
-            "res": _live_resources(unit, rec),
-            "planned": is_planned,
-            "removed": not is_planned,
-            # a planned instance that is not restarted runs what the plan says (what it may share)
-            "settled": is_planned and name not in restart,
-            "fixed": (is_planned and bool(planned[name].get("multinode"))) or (not is_planned and not prune),
-        }
 
-    original = {name: holder["res"] for name, holder in holders.items()}
-    pending = [n for n in single if n in restart]
-    steps, problems = [], []
+class _Transition:
+    """The state of one ordering: who holds what now (``holders``), who still has to (re)start (``pending``)."""
 
-    def shareable(holder_name, name, overlap):
-        holder = holders[holder_name]
+    def __init__(self, live, instances, restart, recorded, plan, prune):
+        self.recorded, self.plan = recorded, plan
+        self.recorded_by_name = {i.get("name"): i for i in (recorded or {}).get("instances") or []
+                                 if isinstance(i, dict)}
+        self.planned = {i["name"]: i for i in instances}
+        self.restart = set(restart or ())
+        self.new_res = {name: _planned_resources(inst) for name, inst in self.planned.items()}
+        self.index_of = {}
+        for inst in list(self.recorded_by_name.values()) + list(instances):
+            self.index_of.update({str(u).lower(): str(g)
+                                  for g, u in zip(inst.get("gpus") or [], inst.get("gpu_uuids") or [])})
+        self.holders = {}
+        for unit in live or []:
+            if unit.get("state") not in HOLDING_STATES:
+                continue
+            name = unit["name"]
+            is_planned = name in self.planned
+            self.holders[name] = {
+                "unit": unit["unit"],
+                "res": _live_resources(unit, self.recorded_by_name.get(name)),
+                "planned": is_planned,
+                "removed": not is_planned,
+                # a planned instance that is not restarted runs what the plan says (what it may share)
+                "settled": is_planned and name not in self.restart,
+                "fixed": (is_planned and bool(self.planned[name].get("multinode"))) or (not is_planned and not prune),
+            }
+        self.original = {name: holder["res"] for name, holder in self.holders.items()}
+        self.pending = [i["name"] for i in instances if not i.get("multinode") and i["name"] in self.restart]
+        self.steps, self.problems = [], []
+
+    def _shareable(self, holder_name, name, overlap):
+        holder = self.holders[holder_name]
         return (holder["settled"] and all(r.startswith("gpu:") for r in overlap)
-                and holder["unit"] in (planned[name].get("share_gpus_with") or []))
+                and holder["unit"] in (self.planned[name].get("share_gpus_with") or []))
 
-    def blockers(name):
+    def _blockers(self, name):
         out = []
-        for other, holder in holders.items():
+        for other, holder in self.holders.items():
             if other == name:
                 continue
-            overlap = holder["res"] & new_res[name]
-            if overlap and not shareable(other, name, overlap):
+            overlap = holder["res"] & self.new_res[name]
+            if overlap and not self._shareable(other, name, overlap):
                 out.append((other, overlap))
         return out
 
-    def step(action, name, unit, why):
+    def _step(self, action, name, unit, why):
         """Drained where its running process serves (the recorded plan's front door, else the new plan's);
         put back (after a restart) where the new plan puts it."""
-        rec = recorded_by_name.get(name) or {}
-        new = planned.get(name) or {}
-        old_door = _frontdoor_of(recorded, name) if rec else ""
-        steps.append({
-            "action": action, "name": name, "unit": unit, "why": why, "removed": name not in planned,
-            "drain_frontdoor": old_door or _frontdoor_of(plan, name),
+        rec = self.recorded_by_name.get(name) or {}
+        new = self.planned.get(name) or {}
+        old_door = _frontdoor_of(self.recorded, name) if rec else ""
+        self.steps.append({
+            "action": action, "name": name, "unit": unit, "why": why, "removed": name not in self.planned,
+            "drain_frontdoor": old_door or _frontdoor_of(self.plan, name),
             "drain_url": (rec.get("url") if old_door else new.get("url")) or "",
-            "frontdoor": _frontdoor_of(plan, name) if action == "restart" else "",
+            "frontdoor": _frontdoor_of(self.plan, name) if action == "restart" else "",
             "url": new.get("url") or "",
         })
 
-    def stop(other, why):
-        holder = holders.pop(other)
-        step("stop", other, holder["unit"], why)
+    def _stop(self, other, why):
+        holder = self.holders.pop(other)
+        self._step("stop", other, holder["unit"], why)
 
-    while pending:
-        chosen = None
-        # make before break: instances that serve nothing now (new, stopped) start before running ones restart
-        for name in [n for n in pending if n not in holders] + [n for n in pending if n in holders]:
-            blocking = [b for b, _o in blockers(name) if not holders[b]["removed"] or holders[b]["fixed"]]
+    def _next(self):
+        """Make before break: instances that serve nothing now (new, stopped) start before running ones restart;
+        the first one nothing that stays blocks, else the first pending (a swap: something must stop first)."""
+        for name in [n for n in self.pending if n not in self.holders] + [n for n in self.pending if n in self.holders]:
+            blocking = [b for b, _o in self._blockers(name)
+                        if not self.holders[b]["removed"] or self.holders[b]["fixed"]]
             if not blocking:
-                chosen = name
-                break
-        if chosen is None:
-            chosen = pending[0]
-        for other, overlap in blockers(chosen):
-            holder = holders[other]
+                return name
+        return self.pending[0]
+
+    def _free(self, chosen):
+        """Stop whatever holds what ``chosen`` needs; a holder this run may not stop is a problem."""
+        for other, overlap in self._blockers(chosen):
+            holder = self.holders[other]
+            what = _describe(overlap, self.index_of)
             if holder["fixed"]:
-                problems.append(
+                self.problems.append(
                     "instance '%s' needs %s, held by %s, which this run does not stop (%s); stop it first or %s" % (
-                        chosen, _describe(overlap, index_of), holder["unit"],
+                        chosen, what, holder["unit"],
                         "an instance that spans hosts restarts as a group" if holder["planned"]
                         else "removed from the plan, but vllm_service_prune is false",
                         "change the plan" if holder["planned"] else "set vllm_service_prune: true"))
                 continue
             if holder["removed"]:
-                why = "removed from the plan; %s frees %s for %s" % (other, _describe(overlap, index_of), chosen)
+                why = "removed from the plan; %s frees %s for %s" % (other, what, chosen)
             else:
-                why = "frees %s for %s, which starts before it" % (_describe(overlap, index_of), chosen)
-                if other not in pending:  # a settled instance in the way: it restarts too
-                    pending.append(other)
-            stop(other, why)
-        if problems:
-            break
-        why = _why(chosen, original.get(chosen), new_res[chosen], recorded_by_name, steps, index_of)
-        rec = recorded_by_name.get(chosen)
-        if rec and rec.get("model", {}).get("key") != planned[chosen]["model"]["key"]:
-            why += "; model %s -> %s" % (rec.get("model", {}).get("key"), planned[chosen]["model"]["key"])
-        step("restart", chosen, planned[chosen]["unit"], why)
-        holders[chosen] = {"unit": planned[chosen]["unit"], "res": new_res[chosen], "planned": True,
-                           "removed": False, "settled": True, "fixed": False}
-        pending.remove(chosen)
+                why = "frees %s for %s, which starts before it" % (what, chosen)
+                if other not in self.pending:  # a settled instance in the way: it restarts too
+                    self.pending.append(other)
+            self._stop(other, why)
 
-    if not problems:
-        for other in [n for n, h in holders.items() if h["removed"] and not h["fixed"]]:
-            stop(other, "removed from the plan")
-
-    removed = sorted(u["name"] for u in live or [] if u["name"] not in planned)
-    gaps = [] if problems else _gaps(_before_models(live, recorded_by_name, planned, restart), steps, planned)
-    return {"steps": steps, "gaps": gaps, "removed": removed, "problems": problems,
-            "lines": describe(steps, gaps, problems)}
+    def order(self):
+        """Fill ``steps`` (or ``problems``): every pending instance restarts once what it needs is free."""
+        planned = self.planned
+        while self.pending:
+            chosen = self._next()
+            self._free(chosen)
+            if self.problems:
+                break
+            why = _why(chosen, self.original.get(chosen), self.new_res[chosen], self.recorded_by_name, self.steps,
+                       self.index_of)
+            rec = self.recorded_by_name.get(chosen)
+            if rec and rec.get("model", {}).get("key") != planned[chosen]["model"]["key"]:
+                why += "; model %s -> %s" % (rec.get("model", {}).get("key"), planned[chosen]["model"]["key"])
+            self._step("restart", chosen, planned[chosen]["unit"], why)
+            self.holders[chosen] = {"unit": planned[chosen]["unit"], "res": self.new_res[chosen], "planned": True,
+                                    "removed": False, "settled": True, "fixed": False}
+            self.pending.remove(chosen)
+        if not self.problems:
+            for other in [n for n, h in self.holders.items() if h["removed"] and not h["fixed"]]:
+                self._stop(other, "removed from the plan")
 
 
 def _why(name, was, now, recorded_by_name, steps, index_of):
