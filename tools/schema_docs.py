@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+# Apache License 2.0 (see LICENSE)
 """Write what the inventory schema (plugins/plugin_utils/schema.py) documents, between markers:
 
 - the ``vllm_instances`` options of ``roles/vllm_preflight/meta/argument_specs.yml`` (both entry points share

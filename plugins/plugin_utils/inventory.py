@@ -60,6 +60,7 @@ LOWEST_PORT = 1024
 #: its old name here, with a deprecation note.
 DEPRECATED_KEYS = {}
 
+
 def _where(host):
     return f"host {host}: " if host else ""
 
