@@ -239,9 +239,10 @@ def _model(key, raw, host, models_dir, problems):
     return rec
 
 
-def _promoted_twice(rec, model, own, where, problems):
-    """A setting given both as its key and as its flag in extra_args (a key that was a flag before): refused."""
-    groups = (own or []) + (_extra_groups(model.get("extra_args"), "", []) or [])
+def _promoted_twice(rec, model, groups, where, problems):
+    """A setting given both as its key and as its flag in extra_args (a key that was a flag before): refused.
+
+    ``groups``: the instance's own and its model's extra_args, parsed."""
     for group in groups:
         row = PROMOTED.get(_base_flag(group[0]))
         if row is None:
@@ -305,8 +306,9 @@ def _instance(pos, raw, models, host, problems, refused=()):
     problems.extend(key_problems(rec, where))
     # the instance's own extra_args and env (the model's are checked with the model); a flag in both is refused
     own = _extra_groups(rec["extra_args"], f"{where}.extra_args", problems)
+    # the model's own were checked with the model; parsed once more here, for the checks across the two
+    inherited = (_extra_groups(model.get("extra_args"), "", []) or []) if model is not None else []
     if own and model is not None:
-        inherited = _extra_groups(model.get("extra_args"), "", []) or []
         theirs = {_base_flag(g[0]): g[0] for g in inherited}
         for group in own:
             flag = _base_flag(group[0])
@@ -315,7 +317,7 @@ def _instance(pos, raw, models, host, problems, refused=()):
                                 f"(as '{theirs[flag]}'); give it once: remove it from one of the two")
     env_problems(rec["env"], f"{where}.env", problems)
     if model is not None:
-        _promoted_twice(rec, model, own, where, problems)
+        _promoted_twice(rec, model, (own or []) + inherited, where, problems)
     if len(problems) > before or model is None:
         return None
     # the instance's own record: the model's settings with the instance's overrides on top
