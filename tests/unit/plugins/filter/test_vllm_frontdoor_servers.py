@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_frontdoor_servers import vllm_frontdoor_servers
+from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import runtime_command
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import server_states
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
@@ -93,18 +94,6 @@ class _Ok(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _runtime(path, command):
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(path)
-        sock.sendall(command.encode() + b"\n")
-        chunks = []
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                return b"".join(chunks).decode()
-            chunks.append(data)
-
-
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -130,7 +119,7 @@ def test_a_running_haproxy_drained_and_put_in_maintenance_through_its_socket(tmp
     proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def states():
-            return {k: v["status"] for k, v in server_states(_runtime(admin, "show stat")).items()}
+            return {k: v["status"] for k, v in server_states(runtime_command(admin, "show stat")).items()}
 
         deadline = time.time() + 20
         while time.time() < deadline:
@@ -138,18 +127,18 @@ def test_a_running_haproxy_drained_and_put_in_maintenance_through_its_socket(tmp
                 break
             time.sleep(0.2)
         assert states() == {"tiny/alpha": "UP", "tiny/beta": "UP", "tiny/gone": "DOWN"}
-        assert _runtime(admin, "set server tiny/beta state drain").strip() == ""
-        assert _runtime(admin, "set server tiny/alpha state maint").strip() == ""
+        assert runtime_command(admin, "set server tiny/beta state drain").strip() == ""
+        assert runtime_command(admin, "set server tiny/alpha state maint").strip() == ""
         assert states() == {"tiny/alpha": "MAINT", "tiny/beta": "DRAIN", "tiny/gone": "DOWN"}
-        assert _runtime(admin, "set server tiny/alpha state ready").strip() == ""
-        assert _runtime(admin, "set server tiny/beta state ready").strip() == ""
+        assert runtime_command(admin, "set server tiny/alpha state ready").strip() == ""
+        assert runtime_command(admin, "set server tiny/beta state ready").strip() == ""
         # out of maintenance, a server is not UP at once: its checks must rise first (the role's ready step
         # waits for exactly "UP"); out of drain it is UP at once
         now = states()
         assert now["tiny/alpha"] != "UP" and now["tiny/beta"] == "UP", now
         while time.time() < deadline + 20 and states()["tiny/alpha"] != "UP":
             time.sleep(0.2)
-        got = server_states(_runtime(admin, "show stat"))
+        got = server_states(runtime_command(admin, "show stat"))
         assert {k: v["status"] for k, v in got.items()} == {"tiny/alpha": "UP", "tiny/beta": "UP", "tiny/gone": "DOWN"}
         assert got["tiny/gone"]["check_status"] == "L4CON" and got["tiny/alpha"]["check_status"] == "L7OK"
     finally:
