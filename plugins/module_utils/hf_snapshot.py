@@ -1011,55 +1011,13 @@ class Snapshot(object):
         self.progress.set_phase("listing")
         sha, tree, tree_source = self.resolve_and_list(manifest_any)
         self.progress.sha = sha
-        bad_paths = [p for p in tree if not safe_relpath(p)]
-        if bad_paths:
-            self.warn("skipped repository paths that cannot be stored under dest: %s" % ", ".join(sorted(bad_paths)[:5]))
-        selected = sorted(p for p in filter_paths(list(tree), self.allow, self.ignore) if p not in bad_paths)
-        if not selected:
-            raise SnapshotError("no file of %s@%s matches allow_patterns %s / ignore_patterns %s"
-                                % (self.repo_id, sha, self.allow, self.ignore), sha=sha)
-        if any(p.endswith(".safetensors") for p in tree) and not any(p.endswith(".safetensors") for p in selected):
-            self.warn("the repository has *.safetensors files but the patterns select none of them")
-
+        selected = self._select(sha, tree)
         manifest = load_manifest(self.dest, self.repo_id, sha)
-        records = dict(manifest["files"]) if manifest else {}
         total_bytes = sum(tree[p]["size"] for p in selected)
-        reverify = bool(self.p.get("reverify"))
 
         # 1. Where do we stand? Stat only; hash what the manifest cannot vouch for (sha256 mode).
-        plan = classify(selected, tree, records, self._stat, self.verify, reverify)
-        verification = {"mode": self.verify, "files": len(selected), "trusted": len(plan["trusted"]),
-                        "content_checked": 0, "bytes_hashed": 0, "hash_seconds": 0.0, "mismatches": []}
-        new_records = {p: records[p] for p in plan["trusted"]}
-        content_level = "content" if self.verify == "sha256" else "size"
-        for p in plan["present_ok"]:
-            new_records[p] = dict(stat_key(self._stat(p)), verified="size")
-
-        repaired = list(plan["bad"])
-        for p in plan["bad"]:
-            st = self._stat(p)
-            verification["mismatches"].append({"path": p, "reason": "size", "expected": tree[p]["size"],
-                                               "actual": getattr(st, "st_size", None), "phase": "before"})
-        if plan["to_hash"]:
-            self.progress.hash_total = sum(tree[p]["size"] for p in plan["to_hash"])
-            self.progress.set_phase("hashing")
-            t0 = time.time()
-            digests = hash_many([(self._abs(p), content_kind(tree[p])) for p in plan["to_hash"]],
-                                self.hash_workers, self.progress.add_hashed)
-            verification["hash_seconds"] += time.time() - t0
-            verification["bytes_hashed"] += self.progress.hash_total
-            verification["content_checked"] += len(plan["to_hash"])
-            for p in plan["to_hash"]:
-                digest = digests[self._abs(p)]
-                if digest == expected_digest(tree[p]):
-                    new_records[p] = dict(stat_key(self._stat(p)), verified="content")
-                else:
-                    repaired.append(p)
-                    verification["mismatches"].append({"path": p, "reason": content_kind(tree[p]),
-                                                       "expected": expected_digest(tree[p]), "actual": digest,
-                                                       "phase": "before"})
-
-        to_download = sorted(plan["missing"] + repaired)
+        verification, new_records, repaired, missing = self._check_present(selected, tree, manifest)
+        to_download = sorted(missing + repaired)
         missing_bytes = sum(tree[p]["size"] for p in to_download)
         reclaimable = sum(max(0, getattr(self._stat(p), "st_size", 0)) for p in repaired)
         self.tree = tree
@@ -1071,100 +1029,23 @@ class Snapshot(object):
         reclaimable += sum(range_fetch.partial_bytes(self._part(p), tree[p]["size"]) for p in keep)
 
         # 3. Disk space, before a single byte is fetched.
-        free = free_bytes_at(self.dest)
-        margin = int(self.p.get("disk_margin_mib", 1024)) << 20
-        ok, need, available = disk_check(free, missing_bytes, reclaimable + (stale_bytes if self.check_mode else 0),
-                                         margin)
-        disk = {"free_bytes": free, "missing_bytes": missing_bytes, "margin_bytes": margin,
-                "need_bytes": need, "available_bytes": available}
-        if not ok:
-            raise SnapshotError(
-                "not enough disk space at %s for %s@%s: need %d bytes (%s missing + %s margin), %d bytes available (%s)"
-                % (self.dest, self.repo_id, sha, need, human_bytes(missing_bytes), human_bytes(margin), available,
-                   human_bytes(available)), sha=sha, disk=disk)
+        disk = self._check_disk(sha, missing_bytes, reclaimable + (stale_bytes if self.check_mode else 0))
 
         result = {"sha": sha, "revision": self.revision, "resolved": sha != self.revision, "dest": self.dest,
                   "files": len(selected), "total_bytes": total_bytes, "disk": disk, "tree_source": tree_source,
                   "stale_removed": {"files": stale_count, "bytes": stale_bytes}}
 
         if self.check_mode:
-            chown_count = self._chown_tree() if os.path.isdir(self.dest) else 0
-            result.update({
-                "changed": bool(to_download) or stale_count > 0 or chown_count > 0,
-                "would_download": {"files": len(to_download), "bytes": missing_bytes, "paths": to_download},
-                "downloaded_files": 0, "bytes_downloaded": 0, "downloaded": [], "repaired": [],
-                "verification": dict(verification, result="not run (check mode)"),
-                "seconds": round(time.time() - t_start, 3), "throughput_mib_s": 0.0,
-                "hub_contacted": self.hub_contacted,
-            })
-            return result
+            return self._check_mode_result(result, to_download, missing_bytes, stale_count, verification, t_start)
 
         # 4. Download what is missing or bad; verify each file as it lands.
-        dl_seconds = 0.0
-        done = []
-        if to_download:
-            for p in repaired:
-                self._forget_local(p)
-            if self.hf is None:
-                self._hf()
-            self.progress.files_total = len(to_download)
-            self.progress.bytes_total = missing_bytes
-            self.progress.set_phase("downloading")
-            t0 = time.time()
-            try:
-                done, mismatches = self.download_all(sha, tree, to_download, content_level == "content")
-            except SnapshotError as e:
-                e.fields["mismatches"] = verification["mismatches"] + e.fields.get("mismatches", [])
-                e.fields.setdefault("sha", sha)
-                raise
-            dl_seconds = time.time() - t0
-            for m in mismatches:
-                m["phase"] = "after download"
-            verification["mismatches"].extend(mismatches)
-            if content_level == "content":
-                verification["content_checked"] += len(done) + len(mismatches)
-                verification["bytes_hashed"] += sum(tree[p]["size"] for p, _a in done)
-            for p, _attempt in done:
-                new_records[p] = dict(stat_key(self._stat(p)), verified=content_level)
-            self.remove_stale()  # the library leaves its .lock files behind
-            t = self.transfer
-            t["method"] = ("ranges" if not t["files_library"] else
-                           "huggingface_hub" if not t["files_ranged"] else "mixed")
+        done, dl_seconds = self._download_missing(sha, tree, to_download, repaired, missing_bytes, verification, new_records)
 
         # 5. Completeness against the weight index(es).
-        self.progress.set_phase("verifying")
-        index_docs = {}
-        for p in selected:
-            if p.endswith(".safetensors.index.json"):
-                try:
-                    with open(self._abs(p)) as f:
-                        index_docs[p] = json.load(f)
-                except (OSError, ValueError) as e:
-                    raise SnapshotError("cannot read %s: %s" % (p, e), sha=sha)
-        problems, shards = index_completeness(index_docs, tree, selected)
-        for shard in shards:
-            if shard in tree and shard in selected and self._stat(shard) is None:
-                problems.append("%s is missing on disk" % shard)
-        if problems:
-            raise SnapshotError("incomplete snapshot of %s@%s: %s" % (self.repo_id, sha, "; ".join(problems)),
-                                sha=sha, problems=problems)
+        index_docs, shards = self._check_complete(sha, tree, selected)
 
         # 6. Ownership, then the manifest (its stat must be taken after any chown: chown moves ctime).
-        chown_count = self._chown_tree()
-        if chown_count:
-            for p in list(new_records):
-                st = self._stat(p)
-                new_records[p] = dict(stat_key(st), verified=new_records[p]["verified"])
-        missing_records = [p for p in selected if p not in new_records]
-        if missing_records:  # cannot happen; guards the manifest's promise
-            raise SnapshotError("internal: unverified files left: %s" % ", ".join(missing_records[:5]))
-        new_manifest = build_manifest(self.repo_id, sha, tree, {p: new_records[p] for p in selected})
-        if manifest != new_manifest:
-            path = os.path.join(self.dest, MANIFEST_NAME)
-            write_json_atomic(path, new_manifest)
-            if self.p.get("owner") is not None or self.p.get("group") is not None:
-                os.chown(path, _uid(self.p["owner"]) if self.p.get("owner") is not None else -1,
-                         _gid(self.p["group"]) if self.p.get("group") is not None else -1)
+        chown_count = self._save_manifest(sha, tree, selected, new_records, manifest)
 
         bytes_downloaded = sum(tree[p]["size"] for p, _a in done)
         verification["result"] = "ok"
@@ -1184,6 +1065,158 @@ class Snapshot(object):
             "transfer": self.transfer,
         })
         return result
+
+    def _select(self, sha, tree):
+        """The sorted paths of ``tree`` that the patterns select and dest can store; warns about the others."""
+        bad_paths = [p for p in tree if not safe_relpath(p)]
+        if bad_paths:
+            self.warn("skipped repository paths that cannot be stored under dest: %s" % ", ".join(sorted(bad_paths)[:5]))
+        selected = sorted(p for p in filter_paths(list(tree), self.allow, self.ignore) if p not in bad_paths)
+        if not selected:
+            raise SnapshotError("no file of %s@%s matches allow_patterns %s / ignore_patterns %s"
+                                % (self.repo_id, sha, self.allow, self.ignore), sha=sha)
+        if any(p.endswith(".safetensors") for p in tree) and not any(p.endswith(".safetensors") for p in selected):
+            self.warn("the repository has *.safetensors files but the patterns select none of them")
+        return selected
+
+    def _check_present(self, selected, tree, manifest):
+        """Check the selected files already on disk: (verification, new_records, repaired, missing)."""
+        records = dict(manifest["files"]) if manifest else {}
+        plan = classify(selected, tree, records, self._stat, self.verify, bool(self.p.get("reverify")))
+        verification = {"mode": self.verify, "files": len(selected), "trusted": len(plan["trusted"]),
+                        "content_checked": 0, "bytes_hashed": 0, "hash_seconds": 0.0, "mismatches": []}
+        new_records = {p: records[p] for p in plan["trusted"]}
+        for p in plan["present_ok"]:
+            new_records[p] = dict(stat_key(self._stat(p)), verified="size")
+
+        repaired = list(plan["bad"])
+        for p in plan["bad"]:
+            st = self._stat(p)
+            verification["mismatches"].append({"path": p, "reason": "size", "expected": tree[p]["size"],
+                                               "actual": getattr(st, "st_size", None), "phase": "before"})
+        if plan["to_hash"]:
+            self._hash_present(plan["to_hash"], tree, verification, new_records, repaired)
+        return verification, new_records, repaired, plan["missing"]
+
+    def _hash_present(self, to_hash, tree, verification, new_records, repaired):
+        """Hash files the manifest cannot vouch for: a match gets a record, a mismatch joins ``repaired``."""
+        self.progress.hash_total = sum(tree[p]["size"] for p in to_hash)
+        self.progress.set_phase("hashing")
+        t0 = time.time()
+        digests = hash_many([(self._abs(p), content_kind(tree[p])) for p in to_hash],
+                            self.hash_workers, self.progress.add_hashed)
+        verification["hash_seconds"] += time.time() - t0
+        verification["bytes_hashed"] += self.progress.hash_total
+        verification["content_checked"] += len(to_hash)
+        for p in to_hash:
+            digest = digests[self._abs(p)]
+            if digest == expected_digest(tree[p]):
+                new_records[p] = dict(stat_key(self._stat(p)), verified="content")
+            else:
+                repaired.append(p)
+                verification["mismatches"].append({"path": p, "reason": content_kind(tree[p]),
+                                                   "expected": expected_digest(tree[p]), "actual": digest,
+                                                   "phase": "before"})
+
+    def _check_disk(self, sha, missing_bytes, reclaimable):
+        """Raise unless dest has room for ``missing_bytes`` and the margin; returns the ``disk`` result."""
+        free = free_bytes_at(self.dest)
+        margin = int(self.p.get("disk_margin_mib", 1024)) << 20
+        ok, need, available = disk_check(free, missing_bytes, reclaimable, margin)
+        disk = {"free_bytes": free, "missing_bytes": missing_bytes, "margin_bytes": margin,
+                "need_bytes": need, "available_bytes": available}
+        if not ok:
+            raise SnapshotError(
+                "not enough disk space at %s for %s@%s: need %d bytes (%s missing + %s margin), %d bytes available (%s)"
+                % (self.dest, self.repo_id, sha, need, human_bytes(missing_bytes), human_bytes(margin), available,
+                   human_bytes(available)), sha=sha, disk=disk)
+        return disk
+
+    def _check_mode_result(self, result, to_download, missing_bytes, stale_count, verification, t_start):
+        """Complete ``result`` for check mode: what would be downloaded; nothing is."""
+        chown_count = self._chown_tree() if os.path.isdir(self.dest) else 0
+        result.update({
+            "changed": bool(to_download) or stale_count > 0 or chown_count > 0,
+            "would_download": {"files": len(to_download), "bytes": missing_bytes, "paths": to_download},
+            "downloaded_files": 0, "bytes_downloaded": 0, "downloaded": [], "repaired": [],
+            "verification": dict(verification, result="not run (check mode)"),
+            "seconds": round(time.time() - t_start, 3), "throughput_mib_s": 0.0,
+            "hub_contacted": self.hub_contacted,
+        })
+        return result
+
+    def _download_missing(self, sha, tree, to_download, repaired, missing_bytes, verification, new_records):
+        """Download and verify ``to_download``, recording each file that lands; returns (done, seconds)."""
+        content_level = "content" if self.verify == "sha256" else "size"
+        if not to_download:
+            return [], 0.0
+        for p in repaired:
+            self._forget_local(p)
+        if self.hf is None:
+            self._hf()
+        self.progress.files_total = len(to_download)
+        self.progress.bytes_total = missing_bytes
+        self.progress.set_phase("downloading")
+        t0 = time.time()
+        try:
+            done, mismatches = self.download_all(sha, tree, to_download, content_level == "content")
+        except SnapshotError as e:
+            e.fields["mismatches"] = verification["mismatches"] + e.fields.get("mismatches", [])
+            e.fields.setdefault("sha", sha)
+            raise
+        dl_seconds = time.time() - t0
+        for m in mismatches:
+            m["phase"] = "after download"
+        verification["mismatches"].extend(mismatches)
+        if content_level == "content":
+            verification["content_checked"] += len(done) + len(mismatches)
+            verification["bytes_hashed"] += sum(tree[p]["size"] for p, _a in done)
+        for p, _attempt in done:
+            new_records[p] = dict(stat_key(self._stat(p)), verified=content_level)
+        self.remove_stale()  # the library leaves its .lock files behind
+        t = self.transfer
+        t["method"] = ("ranges" if not t["files_library"] else
+                       "huggingface_hub" if not t["files_ranged"] else "mixed")
+        return done, dl_seconds
+
+    def _check_complete(self, sha, tree, selected):
+        """Check the weight index(es) against the tree and the disk; returns (index_docs, shards)."""
+        self.progress.set_phase("verifying")
+        index_docs = {}
+        for p in selected:
+            if p.endswith(".safetensors.index.json"):
+                try:
+                    with open(self._abs(p)) as f:
+                        index_docs[p] = json.load(f)
+                except (OSError, ValueError) as e:
+                    raise SnapshotError("cannot read %s: %s" % (p, e), sha=sha)
+        problems, shards = index_completeness(index_docs, tree, selected)
+        for shard in shards:
+            if shard in tree and shard in selected and self._stat(shard) is None:
+                problems.append("%s is missing on disk" % shard)
+        if problems:
+            raise SnapshotError("incomplete snapshot of %s@%s: %s" % (self.repo_id, sha, "; ".join(problems)),
+                                sha=sha, problems=problems)
+        return index_docs, shards
+
+    def _save_manifest(self, sha, tree, selected, new_records, manifest):
+        """Apply owner/group, then write the manifest when it changed; returns the count of paths chowned."""
+        chown_count = self._chown_tree()
+        if chown_count:
+            for p in list(new_records):
+                st = self._stat(p)
+                new_records[p] = dict(stat_key(st), verified=new_records[p]["verified"])
+        missing_records = [p for p in selected if p not in new_records]
+        if missing_records:  # cannot happen; guards the manifest's promise
+            raise SnapshotError("internal: unverified files left: %s" % ", ".join(missing_records[:5]))
+        new_manifest = build_manifest(self.repo_id, sha, tree, {p: new_records[p] for p in selected})
+        if manifest != new_manifest:
+            path = os.path.join(self.dest, MANIFEST_NAME)
+            write_json_atomic(path, new_manifest)
+            if self.p.get("owner") is not None or self.p.get("group") is not None:
+                os.chown(path, _uid(self.p["owner"]) if self.p.get("owner") is not None else -1,
+                         _gid(self.p["group"]) if self.p.get("group") is not None else -1)
+        return chown_count
 
 
 class _NotRegular(object):

@@ -413,22 +413,8 @@ def _numa_value(value, what):
     raise NvidiaSmiParseError("nvidia-smi topo -m: %s %r is not a NUMA node" % (what, value))
 
 
-def parse_topo(text):
-    """``nvidia-smi topo -m`` -> dict.
-
-    Returns ``{"gpus": {index: {"links": {other index: link}, "nics": {nic: link},
-    "cpu_affinity": [cpu ids] | None, "numa_node": int | None, "gpu_numa_id": int | None}},
-    "devices": [column labels], "legend": {token: meaning}, "nics": {NICn: name}}``.
-    Tabs separate cells; the header carries ANSI escapes; value cells after the link matrix may
-    be padded with empty cells (seen: ``0\\t\\tN/A``). Link tokens are checked (``X``, ``NV#``,
-    ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS`` and other upper-case words) and the diagonal must
-    be ``X``.
-    """
-    lines = [strip_ansi(line).rstrip("\r\n") for line in text.splitlines()]
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    if not lines:
-        raise NvidiaSmiParseError("nvidia-smi topo -m: empty output")
+def _topo_header(lines):
+    """Split the ``topo -m`` header into its device columns and trailing value columns."""
     head = lines[0]
     if "\t" not in head:
         raise NvidiaSmiParseError("nvidia-smi topo -m: header has no tab-separated columns: %r" % head)
@@ -451,42 +437,43 @@ def parse_topo(text):
         raise NvidiaSmiParseError("nvidia-smi topo -m: no GPU columns in header %r" % head)
     if len(set(devices)) != len(devices):
         raise NvidiaSmiParseError("nvidia-smi topo -m: repeated device column in %r" % head)
+    return devices, trailing
 
+
+def _topo_row(line, devices, trailing, rows):
+    """Parse one matrix row of ``topo -m`` into ``(label, (links, values, line))``."""
     ndev = len(devices)
-    rows = {}
-    rest = lines[1:]
-    i = 0
-    while i < len(rest) and rest[i].strip():
-        line = rest[i]
-        i += 1
-        cells = line.split("\t")
-        label = cells[0].strip()
-        if label not in devices:
-            raise NvidiaSmiParseError("nvidia-smi topo -m: row for unknown device %r: %r" % (label, line))
-        if label in rows:
-            raise NvidiaSmiParseError("nvidia-smi topo -m: second row for %s" % label)
-        links = [c.strip() for c in cells[1:1 + ndev]]
-        if len(links) != ndev:
-            raise NvidiaSmiParseError(
-                "nvidia-smi topo -m: row %s has %d links, expected %d: %r" % (label, len(links), ndev, line))
-        for link in links:
-            if not _LINK.match(link):
-                raise NvidiaSmiParseError("nvidia-smi topo -m: %r is not a link type (row %s)" % (link, label))
-        if links[devices.index(label)] != "X":
-            raise NvidiaSmiParseError("nvidia-smi topo -m: row %s does not link to itself with X" % label)
-        raw = [c.strip() for c in cells[1 + ndev:]]
-        values = [v for v in raw if v]
-        if (len(values) == len(trailing) - 1 and trailing and trailing[0] == "CPU Affinity"
-                and raw and not raw[0]):
-            # Hosts whose NUMA nodes interleave CPUs print an empty CPU Affinity cell
-            # ("NODE\t\t0\t\tN/A"): keep the column, unknown (sysfs fills it in).
-            values = [""] + values
-        rows[label] = (links, values, line)
+    cells = line.split("\t")
+    label = cells[0].strip()
+    if label not in devices:
+        raise NvidiaSmiParseError("nvidia-smi topo -m: row for unknown device %r: %r" % (label, line))
+    if label in rows:
+        raise NvidiaSmiParseError("nvidia-smi topo -m: second row for %s" % label)
+    links = [c.strip() for c in cells[1:1 + ndev]]
+    if len(links) != ndev:
+        raise NvidiaSmiParseError(
+            "nvidia-smi topo -m: row %s has %d links, expected %d: %r" % (label, len(links), ndev, line))
+    for link in links:
+        if not _LINK.match(link):
+            raise NvidiaSmiParseError("nvidia-smi topo -m: %r is not a link type (row %s)" % (link, label))
+    if links[devices.index(label)] != "X":
+        raise NvidiaSmiParseError("nvidia-smi topo -m: row %s does not link to itself with X" % label)
+    raw = [c.strip() for c in cells[1 + ndev:]]
+    values = [v for v in raw if v]
+    if (len(values) == len(trailing) - 1 and trailing and trailing[0] == "CPU Affinity"
+            and raw and not raw[0]):
+        # Hosts whose NUMA nodes interleave CPUs print an empty CPU Affinity cell
+        # ("NODE\t\t0\t\tN/A"): keep the column, unknown (sysfs fills it in).
+        values = [""] + values
+    return label, (links, values, line)
 
+
+def _topo_legend(lines):
+    """Read the ``Legend:`` and ``NIC Legend:`` sections after the matrix into two dicts."""
     legend = {}
     nic_names = {}
     section = None
-    for line in rest[i:]:
+    for line in lines:
         stripped = line.strip()
         if not stripped:
             continue
@@ -507,6 +494,67 @@ def parse_topo(text):
                 nic_names[m.group(1)] = m.group(2)
                 continue
         # Unknown trailing prose (newer drivers add notes): keep going, it carries no numbers we use.
+    return legend, nic_names
+
+
+def _topo_gpu_entry(label, devices, trailing, row):
+    """Build one GPU's entry (links, NICs, CPU/NUMA affinity) from its parsed ``topo -m`` row."""
+    links, values, line = row
+    if len(values) != len(trailing):
+        raise NvidiaSmiParseError(
+            "nvidia-smi topo -m: row %s has %d values for %d columns (%s): %r"
+            % (label, len(values), len(trailing), ", ".join(trailing), line))
+    by_col = dict(zip(trailing, values))
+    entry = {"links": {}, "nics": {}, "cpu_affinity": None, "numa_node": None, "gpu_numa_id": None}
+    for other, link in zip(devices, links):
+        if other == label:
+            continue
+        om = _GPU_LABEL.match(other)
+        if om:
+            entry["links"][int(om.group(1))] = link
+        else:
+            entry["nics"][other] = link
+    if "CPU Affinity" in by_col and not by_col["CPU Affinity"]:
+        entry["cpu_affinity_empty"] = True
+    elif "CPU Affinity" in by_col:
+        try:
+            entry["cpu_affinity"] = parse_cpulist(by_col["CPU Affinity"])
+        except NvidiaSmiParseError as exc:
+            raise NvidiaSmiParseError("nvidia-smi topo -m: row %s: %s" % (label, exc))
+    if "NUMA Affinity" in by_col:
+        entry["numa_node"] = _numa_value(by_col["NUMA Affinity"], "NUMA Affinity")
+    if "GPU NUMA ID" in by_col:
+        entry["gpu_numa_id"] = _numa_value(by_col["GPU NUMA ID"], "GPU NUMA ID")
+    return entry
+
+
+def parse_topo(text):
+    """``nvidia-smi topo -m`` -> dict.
+
+    Returns ``{"gpus": {index: {"links": {other index: link}, "nics": {nic: link},
+    "cpu_affinity": [cpu ids] | None, "numa_node": int | None, "gpu_numa_id": int | None}},
+    "devices": [column labels], "legend": {token: meaning}, "nics": {NICn: name}}``.
+    Tabs separate cells; the header carries ANSI escapes; value cells after the link matrix may
+    be padded with empty cells (seen: ``0\\t\\tN/A``). Link tokens are checked (``X``, ``NV#``,
+    ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS`` and other upper-case words) and the diagonal must
+    be ``X``.
+    """
+    lines = [strip_ansi(line).rstrip("\r\n") for line in text.splitlines()]
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if not lines:
+        raise NvidiaSmiParseError("nvidia-smi topo -m: empty output")
+    devices, trailing = _topo_header(lines)
+
+    rows = {}
+    rest = lines[1:]
+    i = 0
+    while i < len(rest) and rest[i].strip():
+        label, row = _topo_row(rest[i], devices, trailing, rows)
+        rows[label] = row
+        i += 1
+
+    legend, nic_names = _topo_legend(rest[i:])
 
     gpus = {}
     for label in devices:
@@ -515,33 +563,7 @@ def parse_topo(text):
             continue
         if label not in rows:
             raise NvidiaSmiParseError("nvidia-smi topo -m: no row for %s" % label)
-        links, values, line = rows[label]
-        if len(values) != len(trailing):
-            raise NvidiaSmiParseError(
-                "nvidia-smi topo -m: row %s has %d values for %d columns (%s): %r"
-                % (label, len(values), len(trailing), ", ".join(trailing), line))
-        by_col = dict(zip(trailing, values))
-        entry = {"links": {}, "nics": {}, "cpu_affinity": None, "numa_node": None, "gpu_numa_id": None}
-        for other, link in zip(devices, links):
-            if other == label:
-                continue
-            om = _GPU_LABEL.match(other)
-            if om:
-                entry["links"][int(om.group(1))] = link
-            else:
-                entry["nics"][other] = link
-        if "CPU Affinity" in by_col and not by_col["CPU Affinity"]:
-            entry["cpu_affinity_empty"] = True
-        elif "CPU Affinity" in by_col:
-            try:
-                entry["cpu_affinity"] = parse_cpulist(by_col["CPU Affinity"])
-            except NvidiaSmiParseError as exc:
-                raise NvidiaSmiParseError("nvidia-smi topo -m: row %s: %s" % (label, exc))
-        if "NUMA Affinity" in by_col:
-            entry["numa_node"] = _numa_value(by_col["NUMA Affinity"], "NUMA Affinity")
-        if "GPU NUMA ID" in by_col:
-            entry["gpu_numa_id"] = _numa_value(by_col["GPU NUMA ID"], "GPU NUMA ID")
-        gpus[int(m.group(1))] = entry
+        gpus[int(m.group(1))] = _topo_gpu_entry(label, devices, trailing, rows[label])
     return {"gpus": gpus, "devices": devices, "legend": legend, "nics": nic_names}
 
 

@@ -205,6 +205,251 @@ def partial_bytes(part_path, size):
     return min(size, getattr(st, "st_blocks", 0) * 512)
 
 
+def _open_state(part_path, size, chunk, expected):
+    """The chunk state of ``part_path`` and whether it resumes; a partial file that cannot resume is removed."""
+    state = _State(part_path + ".json", {"size": size, "chunk": int(chunk), "expected": expected})
+    resumed = False
+    if os.path.exists(part_path) and state.load():
+        try:
+            resumed = os.path.getsize(part_path) == size
+        except OSError:
+            resumed = False
+    if not resumed:
+        remove_partial(part_path)
+        state.done = set()
+    return state, resumed
+
+
+def _open_part(part_path):
+    """Open the partial file for reading and writing (creating it and its directory); returns the fd."""
+    d = os.path.dirname(part_path)
+    if d and not os.path.isdir(d):
+        os.makedirs(d, exist_ok=True)
+    return os.open(part_path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _preallocate(fd, size):
+    """Reserve ``size`` bytes for the file, with ftruncate where fallocate is unsupported (never on a full disk)."""
+    try:
+        os.posix_fallocate(fd, 0, size) if size else None
+    except (AttributeError, OSError) as e:
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        os.ftruncate(fd, size)
+
+
+def _final_error(exc):
+    """The exception that ``fetch`` raises for the first failure of a thread."""
+    if isinstance(exc, (RangeUnsupported, HTTPStatusError)):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        return exc
+    return TransferError("%s: %s" % (type(exc).__name__, exc))
+
+
+class _Transfer(object):
+    """One ``fetch`` in flight: the chunks, the bytes written of each, the connection threads and the hasher."""
+
+    def __init__(self, url, part_path, fd, size, chunks, state, stats, headers, chunk, timeout, retries, backoff,
+                 on_bytes, on_retry, sleep, stop):
+        """Take the fetch's options; chunks already in ``state`` count as written, the others are pending."""
+        self.url, self.part_path, self.fd, self.size = url, part_path, fd, size
+        self.chunks, self.state, self.stats = chunks, state, stats
+        self.headers, self.chunk, self.timeout = headers, chunk, timeout
+        self.retries, self.backoff, self.sleep, self.stop = retries, backoff, sleep, stop
+        self.on_bytes, self.on_retry = on_bytes, on_retry
+        self.written = [0] * len(chunks)  # bytes written from each chunk's start
+        for i in state.done:
+            if 0 <= i < len(chunks):
+                self.written[i] = chunks[i][2] - chunks[i][1]
+        self.pending = [c for c in chunks if c[0] not in state.done]
+        self.pending.reverse()  # pop() from the end hands them out in file order
+        self.cond = threading.Condition()
+        self.failure = []
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+        self.result = {}
+
+    # ---- the hasher: follows the contiguous written prefix ---------------------------------
+    def _frontier(self):
+        """The end of the contiguous prefix of the file written so far (call with ``cond`` held)."""
+        off = 0
+        for (i, start, end) in self.chunks:
+            w = self.written[i]
+            if w < end - start:
+                return start + w
+            off = end
+        return off
+
+    def _hash_loop(self, h):
+        """Hash the written prefix into ``h`` as it grows; the hex digest goes to ``result``."""
+        buf = bytearray(HASH_BUF)
+        view = memoryview(buf)
+        done_to = 0
+        try:
+            while done_to < self.size:
+                with self.cond:
+                    while True:
+                        top = self._frontier()
+                        if top > done_to or self.halt.is_set():
+                            break
+                        self.cond.wait(0.5)
+                if self.halt.is_set():
+                    return
+                while done_to < top:
+                    n = os.preadv(self.fd, [view[:min(HASH_BUF, top - done_to)]], done_to)
+                    if n <= 0:
+                        raise IOError("short read of %s at %d" % (self.part_path, done_to))
+                    h.update(view[:n])
+                    done_to += n
+            self.result["digest"] = h.hexdigest()
+        except Exception as e:  # noqa: BLE001
+            self.failure.append(e)
+            self.halt.set()
+
+    def _start_hasher(self, kind):
+        """Start the hasher thread for ``kind``; None without a kind."""
+        if not kind:
+            return None
+        h = hashlib.sha1(b"blob %d\0" % self.size) if kind == "git-sha1" else hashlib.sha256()
+        hasher = threading.Thread(target=self._hash_loop, args=(h,), name="range_fetch-hash")
+        hasher.daemon = True
+        hasher.start()
+        return hasher
+
+    # ---- the connections ----------------------------------------------------------------
+    def _take(self):
+        """The next pending chunk in file order, or None."""
+        with self.lock:
+            return self.pending.pop() if self.pending else None
+
+    def _check_response(self, conn, resp, off, end):
+        """Raise unless ``resp`` is the 206 answer for bytes ``off``..``end - 1`` of the file."""
+        if resp.status == 200 or 300 <= resp.status < 400:
+            conn.close()
+            raise RangeUnsupported("the endpoint answered a Range request with HTTP %d" % resp.status)
+        if resp.status != 206:
+            msg = _error_message(resp)
+            raise HTTPStatusError(resp.status, msg, self.url)
+        m = CONTENT_RANGE_RE.match((resp.getheader("Content-Range") or "").strip())
+        if not m or int(m.group(1)) != off or int(m.group(2)) != end - 1 or (
+                m.group(3) != "*" and int(m.group(3)) != self.size):
+            conn.close()
+            raise RangeUnsupported("the endpoint answered bytes=%d-%d with Content-Range %r"
+                                   % (off, end - 1, resp.getheader("Content-Range")))
+
+    def _write_body(self, conn, resp, buf, view, index, off, end):
+        """Read the answer's body through ``buf`` and write it at ``off``, counting it in ``written``."""
+        left = end - off
+        while left:
+            if self.halt.is_set():
+                conn.close()
+                return
+            want = min(left, len(buf))
+            n = resp.readinto(view[:want])
+            if not n:
+                raise httplib.IncompleteRead(b"", left)
+            p = 0
+            while p < n:
+                p += os.pwrite(self.fd, view[p:n], off + p)
+            off += n
+            left -= n
+            with self.cond:
+                self.written[index] += n
+                self.cond.notify_all()
+            with self.lock:
+                self.stats["fetched_bytes"] += n
+            if self.on_bytes is not None:
+                self.on_bytes(n)
+
+    def _pause(self, err, attempt):
+        """Count a retry of a request that failed with ``err``, tell ``on_retry`` and sleep the backoff."""
+        delay = min(60.0, self.backoff * (2 ** attempt))
+        with self.lock:
+            self.stats["retries"] += 1
+        if self.on_retry is not None:
+            self.on_retry(err, attempt + 1, delay)
+        self.sleep(delay)
+
+    def _get_chunk(self, conn, buf, view, index, start, end):
+        """Fetch the rest of one chunk over ``conn``, from its last byte written, retrying transient errors."""
+        attempt = 0
+        while True:
+            off = start + self.written[index]
+            if off >= end:
+                return
+            try:
+                with self.lock:
+                    self.stats["requests"] += 1
+                resp = conn.request("GET", {"Range": "bytes=%d-%d" % (off, end - 1)})
+                self._check_response(conn, resp, off, end)
+                self._write_body(conn, resp, buf, view, index, off, end)
+                return
+            except RangeUnsupported:
+                raise
+            except HTTPStatusError as e:
+                conn.close()
+                if e.status in NO_RETRY_HTTP or attempt >= self.retries:
+                    raise
+                err = e
+            except OSError as e:
+                conn.close()
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES) or attempt >= self.retries:
+                    raise
+                err = e
+            except (httplib.HTTPException, ValueError) as e:
+                conn.close()
+                if attempt >= self.retries:
+                    raise
+                err = e
+            self._pause(err, attempt)
+            attempt += 1
+
+    def _worker(self):
+        """One connection thread: take chunks in order until none is left, a failure or ``stop``."""
+        conn = Conn(self.url, self.timeout, self.headers)
+        buf = bytearray(min(READ_BUF, max(1, int(self.chunk))))
+        view = memoryview(buf)
+        try:
+            while not self.halt.is_set() and (self.stop is None or not self.stop.is_set()):
+                c = self._take()
+                if c is None:
+                    return
+                index, start, end = c
+                self._get_chunk(conn, buf, view, index, start, end)
+                if self.written[index] == end - start:
+                    self.state.mark(index)
+        except Exception as e:  # noqa: BLE001
+            self.failure.append(e)
+            self.halt.set()
+            with self.cond:
+                self.cond.notify_all()
+        finally:
+            conn.close()
+
+    def run(self, kind, connections):
+        """Fetch the pending chunks on up to ``connections`` threads while hashing; raises the first failure."""
+        n_conn = max(1, min(int(connections), len(self.pending))) if self.pending else 0
+        self.stats["connections"] = n_conn
+        hasher = self._start_hasher(kind)
+        threads = [threading.Thread(target=self._worker, name="range_fetch-%d" % k) for k in range(n_conn)]
+        for t in threads:
+            t.daemon = True
+            t.start()
+        for t in threads:
+            t.join()
+        if self.stop is not None and self.stop.is_set() and not self.failure:
+            self.failure.append(TransferError("stopped"))
+        if self.failure:
+            self.halt.set()
+        if hasher is not None:
+            with self.cond:
+                self.cond.notify_all()
+            hasher.join()
+        if self.failure:
+            raise _final_error(self.failure[0])
+
+
 def fetch(url, part_path, size, kind, expected, headers=None, connections=4, chunk=64 << 20, timeout=10.0,
           retries=5, backoff=2.0, on_bytes=None, on_resumed=None, on_retry=None, sleep=time.sleep, stop=None):
     """Fetch ``url`` (``size`` bytes) into ``part_path`` with parallel ranges; returns a stats dict.
@@ -217,209 +462,23 @@ def fetch(url, part_path, size, kind, expected, headers=None, connections=4, chu
     """
     headers = dict(headers or {})
     chunks = plan_chunks(size, chunk)
-    state = _State(part_path + ".json", {"size": size, "chunk": int(chunk), "expected": expected})
-    resumed = False
-    if os.path.exists(part_path) and state.load():
-        try:
-            resumed = os.path.getsize(part_path) == size
-        except OSError:
-            resumed = False
-    if not resumed:
-        remove_partial(part_path)
-        state.done = set()
-    d = os.path.dirname(part_path)
-    if d and not os.path.isdir(d):
-        os.makedirs(d, exist_ok=True)
-    fd = os.open(part_path, os.O_RDWR | os.O_CREAT, 0o644)
+    state, resumed = _open_state(part_path, size, chunk, expected)
+    fd = _open_part(part_path)
     stats = {"connections": 0, "chunks": len(chunks), "chunk_bytes": int(chunk), "resumed_bytes": 0,
              "fetched_bytes": 0, "requests": 0, "retries": 0, "digest": None}
     try:
         if not resumed:
-            try:
-                os.posix_fallocate(fd, 0, size) if size else None
-            except (AttributeError, OSError) as e:
-                if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                os.ftruncate(fd, size)
+            _preallocate(fd, size)
             state.save()
-        written = [0] * len(chunks)  # bytes written from each chunk's start
-        for i in state.done:
-            if 0 <= i < len(chunks):
-                written[i] = chunks[i][2] - chunks[i][1]
-        resumed_bytes = sum(written)
+        transfer = _Transfer(url, part_path, fd, size, chunks, state, stats, headers=headers, chunk=chunk,
+                             timeout=timeout, retries=retries, backoff=backoff, on_bytes=on_bytes,
+                             on_retry=on_retry, sleep=sleep, stop=stop)
+        resumed_bytes = sum(transfer.written)
         stats["resumed_bytes"] = resumed_bytes
         if resumed_bytes and on_resumed is not None:
             on_resumed(resumed_bytes)
-        pending = [c for c in chunks if c[0] not in state.done]
-        pending.reverse()  # pop() from the end hands them out in file order
-        cond = threading.Condition()
-        failure = []
-        halt = threading.Event()
-        n_conn = max(1, min(int(connections), len(pending))) if pending else 0
-        stats["connections"] = n_conn
-
-        # ---- the hasher: follows the contiguous written prefix ---------------------------------
-        hasher = None
-        result = {}
-        if kind:
-            h = hashlib.sha1(b"blob %d\0" % size) if kind == "git-sha1" else hashlib.sha256()
-
-            def frontier():
-                off = 0
-                for (i, start, end) in chunks:
-                    w = written[i]
-                    if w < end - start:
-                        return start + w
-                    off = end
-                return off
-
-            def hash_loop():
-                buf = bytearray(HASH_BUF)
-                view = memoryview(buf)
-                done_to = 0
-                try:
-                    while done_to < size:
-                        with cond:
-                            while True:
-                                top = frontier()
-                                if top > done_to or halt.is_set():
-                                    break
-                                cond.wait(0.5)
-                        if halt.is_set():
-                            return
-                        while done_to < top:
-                            n = os.preadv(fd, [view[:min(HASH_BUF, top - done_to)]], done_to)
-                            if n <= 0:
-                                raise IOError("short read of %s at %d" % (part_path, done_to))
-                            h.update(view[:n])
-                            done_to += n
-                    result["digest"] = h.hexdigest()
-                except Exception as e:  # noqa: BLE001
-                    failure.append(e)
-                    halt.set()
-            hasher = threading.Thread(target=hash_loop, name="range_fetch-hash")
-            hasher.daemon = True
-            hasher.start()
-
-        # ---- the connections ----------------------------------------------------------------
-        lock = threading.Lock()
-
-        def take():
-            with lock:
-                return pending.pop() if pending else None
-
-        def get_chunk(conn, buf, view, index, start, end):
-            attempt = 0
-            while True:
-                off = start + written[index]
-                if off >= end:
-                    return
-                try:
-                    with lock:
-                        stats["requests"] += 1
-                    resp = conn.request("GET", {"Range": "bytes=%d-%d" % (off, end - 1)})
-                    if resp.status == 200 or 300 <= resp.status < 400:
-                        conn.close()
-                        raise RangeUnsupported("the endpoint answered a Range request with HTTP %d" % resp.status)
-                    if resp.status != 206:
-                        msg = _error_message(resp)
-                        raise HTTPStatusError(resp.status, msg, url)
-                    m = CONTENT_RANGE_RE.match((resp.getheader("Content-Range") or "").strip())
-                    if not m or int(m.group(1)) != off or int(m.group(2)) != end - 1 or (
-                            m.group(3) != "*" and int(m.group(3)) != size):
-                        conn.close()
-                        raise RangeUnsupported("the endpoint answered bytes=%d-%d with Content-Range %r"
-                                               % (off, end - 1, resp.getheader("Content-Range")))
-                    left = end - off
-                    while left:
-                        if halt.is_set():
-                            conn.close()
-                            return
-                        want = min(left, len(buf))
-                        n = resp.readinto(view[:want])
-                        if not n:
-                            raise httplib.IncompleteRead(b"", left)
-                        p = 0
-                        while p < n:
-                            p += os.pwrite(fd, view[p:n], off + p)
-                        off += n
-                        left -= n
-                        with cond:
-                            written[index] += n
-                            cond.notify_all()
-                        with lock:
-                            stats["fetched_bytes"] += n
-                        if on_bytes is not None:
-                            on_bytes(n)
-                    return
-                except RangeUnsupported:
-                    raise
-                except HTTPStatusError as e:
-                    conn.close()
-                    if e.status in NO_RETRY_HTTP or attempt >= retries:
-                        raise
-                    err = e
-                except OSError as e:
-                    conn.close()
-                    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES) or attempt >= retries:
-                        raise
-                    err = e
-                except (httplib.HTTPException, ValueError) as e:
-                    conn.close()
-                    if attempt >= retries:
-                        raise
-                    err = e
-                delay = min(60.0, backoff * (2 ** attempt))
-                with lock:
-                    stats["retries"] += 1
-                if on_retry is not None:
-                    on_retry(err, attempt + 1, delay)
-                sleep(delay)
-                attempt += 1
-
-        def worker():
-            conn = Conn(url, timeout, headers)
-            buf = bytearray(min(READ_BUF, max(1, int(chunk))))
-            view = memoryview(buf)
-            try:
-                while not halt.is_set() and (stop is None or not stop.is_set()):
-                    c = take()
-                    if c is None:
-                        return
-                    index, start, end = c
-                    get_chunk(conn, buf, view, index, start, end)
-                    if written[index] == end - start:
-                        state.mark(index)
-            except Exception as e:  # noqa: BLE001
-                failure.append(e)
-                halt.set()
-                with cond:
-                    cond.notify_all()
-            finally:
-                conn.close()
-
-        threads = [threading.Thread(target=worker, name="range_fetch-%d" % k) for k in range(n_conn)]
-        for t in threads:
-            t.daemon = True
-            t.start()
-        for t in threads:
-            t.join()
-        if stop is not None and stop.is_set() and not failure:
-            failure.append(TransferError("stopped"))
-        if failure:
-            halt.set()
-        if hasher is not None:
-            with cond:
-                cond.notify_all()
-            hasher.join()
-        if failure:
-            exc = failure[0]
-            if isinstance(exc, (RangeUnsupported, HTTPStatusError)):
-                raise exc
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
-                raise exc
-            raise TransferError("%s: %s" % (type(exc).__name__, exc))
-        stats["digest"] = result.get("digest") if kind else None
+        transfer.run(kind, connections)
+        stats["digest"] = transfer.result.get("digest") if kind else None
         return stats
     finally:
         os.close(fd)

@@ -253,7 +253,7 @@ def resolve_gpu(ref, gpus, where):
         raise FootprintError("%s: %r is not a GPU index, UUID or PCI bus id" % (where, ref))
     text = str(ref).strip()
     match = None
-    if isinstance(ref, int) or text.isdigit():
+    if isinstance(ref, int) or text.isdecimal():
         match = [g for g in gpus if g["index"] == int(text)]
     elif text.upper().startswith("MIG-"):
         raise FootprintError("%s: %s is a MIG device; MIG instances are not supported" % (where, text))

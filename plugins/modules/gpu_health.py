@@ -363,7 +363,7 @@ def tp_groups_of(instances, gpus):
             continue
         indices = []
         for ref in refs:
-            if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+            if isinstance(ref, int) or (isinstance(ref, str) and ref.isdecimal()):
                 indices.append(int(ref))
             elif ref in by_uuid:
                 indices.append(by_uuid[ref])
@@ -823,8 +823,8 @@ def read_kernel_log(module, runner, path):
     return "", "none", "neither journalctl nor dmesg found"
 
 
-def run_checks(module, smi, params):
-    start = time.time()
+def _severities_of(module, params):
+    """The per-check severities: the defaults overridden by ``params["severities"]`` (validated)."""
     severities = dict(DEFAULT_SEVERITIES)
     for name, value in (params["severities"] or {}).items():
         if name not in severities:
@@ -832,6 +832,88 @@ def run_checks(module, smi, params):
         if value not in ("fail", "warn", "ignore"):
             module.fail_json(msg="severities: %s must be fail, warn or ignore, not %r" % (name, value))
         severities[name] = value
+    return severities
+
+
+def _check_remapping(health, smi, gpus):
+    """Query remapped rows, then run the remap check and each GPU's state check."""
+    rc, out, err = smi.run(QUERY_REMAPPED_ROWS_ARGS, check=False)
+    remap, remap_error = [], None
+    if rc == 0:
+        remap = parse_remapped_rows(out)
+    else:
+        remap_error = str(error_from_output([smi.path] + list(QUERY_REMAPPED_ROWS_ARGS), rc, out, err))
+        smi.warnings.append("row remapping not checked: %s" % remap_error)
+    remap_rows = remap_rows_of(gpus, remap)
+    check_remap(health, gpus, remap_rows, remap_error)
+    for gpu in gpus:
+        check_gpu_state(health, gpu, remap_rows.get(gpu["index"]))
+
+
+def _check_kernel_log(health, module, runner, smi, gpus, params):
+    """Read the kernel log and run the Xid check on it; returns the log's source."""
+    text, source, problem = read_kernel_log(module, runner, params["kernel_log"])
+    if problem:
+        smi.warnings.append("kernel log: %s; Xid errors were not checked" % problem)
+        health.add("xid", False, "kernel log not read (%s): Xids not checked" % problem)
+    else:
+        fail_codes = set(params["xid_fail_codes"] if params["xid_fail_codes"] is not None else XID_FAIL_DEFAULT)
+        check_xid(health, gpus, parse_xid_lines(text), fail_codes, source)
+    return source
+
+
+def _check_tp_p2p(health, smi, gpus, instances, params):
+    """Read the P2P matrix for the tensor-parallel groups and run the P2P check; returns the groups."""
+    groups = tp_groups_of(instances, gpus) + [list(g) for g in params["tp_groups"] if len(g) > 1]
+    matrix, p2p_error = {}, None
+    if groups:
+        rc, out, err = smi.run(TOPO_P2P_READ_ARGS, check=False)
+        if rc == 0:
+            matrix = parse_topo_p2p(out)
+        else:
+            p2p_error = "exit %s: %s" % (rc, (out.strip() or err.strip() or "no output").splitlines()[0])
+    check_p2p(health, groups, matrix, p2p_error, params["p2p_mitigated"])
+    return groups
+
+
+def _check_shm_size(health, params, instances):
+    """Run the /dev/shm check against the configured or per-instance minimum; returns its size."""
+    min_mib = params["shm_min_mib"]
+    if min_mib is None:
+        instances = multi_gpu(instances)
+        min_mib = params["shm_mib_per_instance"] * len(instances)
+    return check_shm(health, params["shm_path"], min_mib, instances)
+
+
+def _gpu_results(health, gpus):
+    """The per-GPU result entries: each GPU's readings with its worst status and its checks."""
+    result_gpus = []
+    for gpu in gpus:
+        checks = health.gpu_checks[gpu["index"]]
+        status = max((c["status"] for c in checks.values()), key=RANK.get, default="pass")
+        entry = dict(gpu)
+        entry["clocks_event_reasons"] = (None if gpu["clocks_event_reasons"] is None
+                                         else "0x%016x" % gpu["clocks_event_reasons"])
+        entry.update({"status": status, "checks": checks})
+        result_gpus.append(entry)
+    return result_gpus
+
+
+def _problems_by_status(health):
+    """The problems of failed and of warning checks, in check order: ``(failures, warnings)``."""
+    failures, warnings = [], []
+    for name, _default in CHECKS:
+        check = health.checks[name]
+        if check["status"] == "fail":
+            failures.extend(check["problems"])
+        elif check["status"] == "warn":
+            warnings.extend(check["problems"])
+    return failures, warnings
+
+
+def run_checks(module, smi, params):
+    start = time.time()
+    severities = _severities_of(module, params)
     try:
         instances = plan_instances(params["plan"])
     except ValueError as exc:
@@ -851,61 +933,15 @@ def run_checks(module, smi, params):
     for gpu in gpus:
         check_gpu(health, gpu, allow_mig)
 
-    rc, out, err = smi.run(QUERY_REMAPPED_ROWS_ARGS, check=False)
-    remap, remap_error = [], None
-    if rc == 0:
-        remap = parse_remapped_rows(out)
-    else:
-        remap_error = str(error_from_output([smi.path] + list(QUERY_REMAPPED_ROWS_ARGS), rc, out, err))
-        smi.warnings.append("row remapping not checked: %s" % remap_error)
-    remap_rows = remap_rows_of(gpus, remap)
-    check_remap(health, gpus, remap_rows, remap_error)
-    for gpu in gpus:
-        check_gpu_state(health, gpu, remap_rows.get(gpu["index"]))
-
-    text, source, problem = read_kernel_log(module, runner, params["kernel_log"])
-    if problem:
-        smi.warnings.append("kernel log: %s; Xid errors were not checked" % problem)
-        health.add("xid", False, "kernel log not read (%s): Xids not checked" % problem)
-    else:
-        fail_codes = set(params["xid_fail_codes"] if params["xid_fail_codes"] is not None else XID_FAIL_DEFAULT)
-        check_xid(health, gpus, parse_xid_lines(text), fail_codes, source)
-
+    _check_remapping(health, smi, gpus)
+    source = _check_kernel_log(health, module, runner, smi, gpus, params)
     nvswitch = check_fabric(health, gpus, module, runner, params, driver)
-
-    groups = tp_groups_of(instances, gpus) + [list(g) for g in params["tp_groups"] if len(g) > 1]
-    matrix, p2p_error = {}, None
-    if groups:
-        rc, out, err = smi.run(TOPO_P2P_READ_ARGS, check=False)
-        if rc == 0:
-            matrix = parse_topo_p2p(out)
-        else:
-            p2p_error = "exit %s: %s" % (rc, (out.strip() or err.strip() or "no output").splitlines()[0])
-    check_p2p(health, groups, matrix, p2p_error, params["p2p_mitigated"])
-
-    min_mib = params["shm_min_mib"]
-    if min_mib is None:
-        instances = multi_gpu(instances)
-        min_mib = params["shm_mib_per_instance"] * len(instances)
-    shm_mib = check_shm(health, params["shm_path"], min_mib, instances)
+    groups = _check_tp_p2p(health, smi, gpus, instances, params)
+    shm_mib = _check_shm_size(health, params, instances)
     nofile = check_nofile(health, params["nofile_min"], params["nofile_service_limit"])
 
-    result_gpus = []
-    for gpu in gpus:
-        checks = health.gpu_checks[gpu["index"]]
-        status = max((c["status"] for c in checks.values()), key=RANK.get, default="pass")
-        entry = dict(gpu)
-        entry["clocks_event_reasons"] = (None if gpu["clocks_event_reasons"] is None
-                                         else "0x%016x" % gpu["clocks_event_reasons"])
-        entry.update({"status": status, "checks": checks})
-        result_gpus.append(entry)
-    failures, warnings = [], []
-    for name, _default in CHECKS:
-        check = health.checks[name]
-        if check["status"] == "fail":
-            failures.extend(check["problems"])
-        elif check["status"] == "warn":
-            warnings.extend(check["problems"])
+    result_gpus = _gpu_results(health, gpus)
+    failures, warnings = _problems_by_status(health)
     status = max((c["status"] for c in health.checks.values()), key=RANK.get)
     return {
         "status": status,

@@ -156,7 +156,7 @@ def _unknown_owner(spec):
     """Whether the owner or group of spec names a user or group this host does not have."""
     for key, lookup in (("owner", pwd.getpwnam), ("group", grp.getgrnam)):
         value = spec.get(key)
-        if value is None or str(value).isdigit():
+        if value is None or str(value).isdecimal():
             continue
         try:
             lookup(value)

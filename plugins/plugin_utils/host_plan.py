@@ -42,11 +42,11 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
     NUMA_POLICY_MIN_SYSTEMD,
-    ServiceSpecError,
-    env_problems,
     int_list,
     service_specs,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import env_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import VERIFY_MODES, plan_items
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool,
     as_int,
@@ -105,6 +105,9 @@ PLAN_INPUTS = {
                                   "and for GPUs outside the plan in the footprint check."),
     "vllm_verify_idle_gpus": ("idle_gpus", "must_be_idle",
                               "C(must_be_idle) or C(ignore): GPUs outside the plan in the footprint check."),
+    "vllm_weights_verify": ("weights_verify", "size",
+                            "How the weights role verifies each snapshot, C(size) or C(sha256), unless the model "
+                            "sets its own C(verify) (the plan's C(weights))."),
     "vllm_preflight_min_systemd_version": ("min_systemd_version", NUMA_POLICY_MIN_SYSTEMD,
                                            "Oldest systemd with C(NUMAPolicy=); older hosts get numactl."),
     "vllm_preflight_plan_options": ("plan_options", {},
@@ -133,7 +136,7 @@ class PlanContractError(ValueError):
 
 #: Plan inputs with a fixed set of values, and inputs that are absolute paths. vllm_install_variant is not here:
 #: the install role's own check names its variants (vllm_install__variants), and the unit specs refuse others.
-_CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore")}
+_CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore"), "vllm_weights_verify": VERIFY_MODES}
 _PATHS = ("vllm_install_prefix", "vllm_install_models_dir", "vllm_service_numactl", "vllm_service_cache_dir",
           "vllm_service_config_dir", "vllm_service_tmp_dir")
 #: Integer plan inputs: (lowest, highest, what, extra values allowed).
@@ -273,6 +276,8 @@ def plan_inputs(inputs):
             value = as_bool(value)
         elif isinstance(default, int) and as_int(value) is not None:
             value = as_int(value)  # the metrics port is checked (and read) with the front doors
+        elif isinstance(default, dict) and variable != "vllm_preflight_plan_options":
+            value = env_problems(value, variable, [])  # checked above: NAME -> text
         out[option] = value
     opts = dict(PLAN_OPTION_DEFAULTS)
     opts.update({k: v for k, v in out["plan_options"].items() if v is not None and k != "unit_prefix"})
@@ -321,7 +326,7 @@ def cpu_rank_problems(records, online_cpus):
 
 def _port_input(value):
     """An int from the inventory (a digit string from -e or a template too); anything else unchanged."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal():
         return int(value)
     return value
 
@@ -417,24 +422,23 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         raise PlanContractError(exc.problems, host) from exc
     placed = [restore_multinode(entry) for entry in placed]
     venv = opts["install_prefix"].rstrip("/") + "/current"
-    try:
-        specs = service_specs(
-            placed, norm["models"], host=opts["host"], venv=venv, python=None, models_dir=opts["models_dir"],
-            cache_dir=opts["cache_dir"], config_dir=opts["config_dir"], tmp_dir=opts["tmp_dir"],
-            unit_prefix=opts["unit_prefix"], vllm_port_base=opts["vllm_port_base"],
-            vllm_port_stride=opts["vllm_port_stride"], nccl_env=opts["nccl_env"], environment=opts["environment"],
-            disable_custom_all_reduce=opts["disable_custom_all_reduce"], numa_bind=opts["numa_bind"],
-            cpu_affinity=opts["cpu_affinity"], kernel_numa_nodes=facts.get("kernel_numa_nodes"),
-            online_cpus=facts.get("online_cpus"), systemd_version=facts.get("systemd_version"),
-            numactl=opts["numactl"], inventory_host=host, numa_policy_min_systemd=opts["min_systemd_version"],
-            variant=opts["variant"])
-    except ServiceSpecError as exc:
-        raise PlanContractError(exc.problems, host) from exc
-    except ValueError as exc:
-        raise PlanContractError([str(exc)], host) from exc
+    specs = service_specs(
+        placed, norm["models"], host=opts["host"], venv=venv, python=None,
+        cache_dir=opts["cache_dir"], config_dir=opts["config_dir"], tmp_dir=opts["tmp_dir"],
+        vllm_port_base=opts["vllm_port_base"], vllm_port_stride=opts["vllm_port_stride"],
+        nccl_env=opts["nccl_env"], environment=opts["environment"],
+        disable_custom_all_reduce=opts["disable_custom_all_reduce"], numa_bind=opts["numa_bind"],
+        cpu_affinity=opts["cpu_affinity"], kernel_numa_nodes=facts.get("kernel_numa_nodes"),
+        online_cpus=facts.get("online_cpus"), systemd_version=facts.get("systemd_version"),
+        numactl=opts["numactl"], numa_policy_min_systemd=opts["min_systemd_version"], variant=opts["variant"])
+    if specs["problems"]:
+        raise PlanContractError(specs["problems"], host)
 
     out, shared = _instances(placed, specs["instances"], records, norm["models"])
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
+    weights, skipped, weights_problems = plan_items(norm["models"], [i["model"]["key"] for i in out],
+                                                    opts["models_dir"], opts["weights_verify"])
+    problems += weights_problems
     frontdoors, frontdoor_metrics, fd_problems = plan_frontdoors(
         out, norm["models"], opts["frontdoor_bind_address"] or opts["host"], opts["vllm_port_stride"],
         _port_input(opts["frontdoor_metrics_port"]))
@@ -456,6 +460,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "footprint": footprint if gpu else None,
         "frontdoors": frontdoors,
         "frontdoor_metrics": frontdoor_metrics,
+        # what the weights role fetches (one item per snapshot) and where; models served from a path are skipped
+        "weights": {"models": weights, "skipped": skipped},
         "paths": {"venv": venv, "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
                   "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},

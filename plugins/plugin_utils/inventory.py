@@ -24,6 +24,10 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (
     MODEL_KEYS,
     OVERRIDES,
     PROMOTED,
+    SHA_RE,
+    VERIFY_MODES,
+    repo_id_problem,
+    snapshot_dirs,
     value_problem,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import (
@@ -40,16 +44,10 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     kind as _kind,
     plain,
 )
-from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import (
-    VERIFY_MODES,
-    repo_id_problem,
-    snapshot_dirs,
-)
 
 __all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model_path", "NAME_RE", "SHA_RE",
            "LOWEST_PORT"]
 
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 #: The lowest port an instance can listen on: its unit drops every capability (no CAP_NET_BIND_SERVICE).
 LOWEST_PORT = 1024
@@ -119,8 +117,8 @@ def _typed(value, kind, where, key, problems):
         return dict(value)
     if kind == "list":
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            problems.append(f"{where}.{key} must be a list of strings, e.g. ['--enable-prefix-caching'], "
-                            f"got {_kind(value)} ({value!r})")
+            example = "['--enable-prefix-caching']" if key == "extra_args" else "['*.safetensors', '*.json']"
+            problems.append(f"{where}.{key} must be a list of strings, e.g. {example}, got {_kind(value)} ({value!r})")
             return None
         return list(value)
     return value
@@ -229,7 +227,7 @@ def _model(key, raw, host, models_dir, problems):
         rec["served_model_name"] = _served_names(rec["served_model_name"], where, problems)
     # checked here, once per model (an instance's own are checked with the instance)
     _extra_groups(rec["extra_args"], f"{where}.extra_args", problems)
-    env_problems(rec["env"], f"{where}.env", problems)
+    rec["env"] = env_problems(rec["env"], f"{where}.env", problems)
     rec["pinned"] = isinstance(rec["revision"], str) and bool(SHA_RE.match(rec["revision"]))
     rec["fetched"] = rec["path"] is None
     try:
@@ -315,7 +313,7 @@ def _instance(pos, raw, models, host, problems, refused=()):
             if flag in theirs:
                 problems.append(f"{where}.extra_args: '{group[0]}' is also in vllm_models.{model_key}.extra_args "
                                 f"(as '{theirs[flag]}'); give it once: remove it from one of the two")
-    env_problems(rec["env"], f"{where}.env", problems)
+    rec["env"] = env_problems(rec["env"], f"{where}.env", problems)
     if model is not None:
         _promoted_twice(rec, model, (own or []) + inherited, where, problems)
     if len(problems) > before or model is None:

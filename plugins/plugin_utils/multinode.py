@@ -66,7 +66,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_int as _as_int,
     is_int as _is_int,
 )
-from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
+from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import snapshot_dirs
 
 __all__ = ["NODES_PARALLEL", "CLI_MODULE", "DEFAULT_MASTER_PORT", "MULTINODE_FLAGS", "SOCKET_ENV",
            "key_problems", "resolve", "restore", "flags", "environment", "port_problems", "table_cells",
@@ -355,6 +355,80 @@ def _share(raw, nnodes):
 
 # --------------------------------------------------------------------------- resolve
 
+def _pipeline_split(rec, n, where):
+    """This host's ``(tp, pp)`` when pipeline stages span ``n`` hosts, and the problems: ``(local, problems)``."""
+    problems = []
+    tp, pp = rec["tensor_parallel_size"], rec["pipeline_parallel_size"]
+    if pp % n:
+        problems.append(f"{where}: nodes_parallel is 'pipeline' over {n} hosts, so pipeline_parallel_size "
+                        f"({pp}) must be a multiple of {n} (whole stages per host); set "
+                        f"pipeline_parallel_size: {n} (one stage of tensor_parallel_size {tp} GPUs per host)")
+    return (tp, pp // n if pp % n == 0 else pp), problems
+
+
+def _tensor_split(rec, hosts, host, fleet, opts, where):
+    """This host's ``(tp, pp)`` when one tensor-parallel group spans the hosts, and the problems: ``(local, problems)``."""
+    problems = []
+    n = len(hosts)
+    tp, pp = rec["tensor_parallel_size"], rec["pipeline_parallel_size"]
+    slow = [h for h in hosts if not _as_bool(opts.get("fast_interconnect") if h == host
+                                             else fleet[h].get("fast_interconnect", False))]
+    if slow:
+        problems.append(f"{where}: nodes_parallel is 'tensor' (tensor_parallel_size across hosts: an "
+                        "all-reduce over the network in every layer) but vllm_service_fast_interconnect is "
+                        f"not true on {', '.join(slow)}; use nodes_parallel: pipeline, or set "
+                        "vllm_service_fast_interconnect: true where the hosts share a fast fabric "
+                        "(InfiniBand, RoCE)")
+    if pp != 1:
+        problems.append(f"{where}: nodes_parallel 'tensor' spreads one tensor-parallel group over the hosts; "
+                        f"pipeline_parallel_size must be 1 (it is {pp}): use nodes_parallel: pipeline for "
+                        "pipeline stages across hosts")
+    if tp % n:
+        problems.append(f"{where}: nodes_parallel is 'tensor' over {n} hosts, so tensor_parallel_size ({tp}) "
+                        f"must be a multiple of {n}; set tensor_parallel_size: {n * max(tp // n, 1)}")
+    heads, kv_heads = rec.get("num_attention_heads"), rec.get("num_key_value_heads")
+    if heads and heads % tp:
+        problems.append(f"{where}: tensor_parallel_size {tp} does not divide num_attention_heads {heads}; "
+                        "choose a tensor_parallel_size that divides it")
+    if kv_heads and kv_heads % tp and tp % kv_heads:
+        problems.append(f"{where}: tensor_parallel_size {tp} and num_key_value_heads {kv_heads} do not fit: "
+                        "the KV heads must split evenly across the GPUs or be replicated evenly")
+    return (tp // n if tp % n == 0 else tp, 1), problems
+
+
+def _share_record(rec, hosts, host, addrs, mode, local):
+    """This host's record of a multi-node instance: its share of the sizes and the ``multinode`` dict."""
+    n = len(hosts)
+    rank = hosts.index(host)
+    master = addrs[hosts[0]][1]
+    mine_iface, mine = addrs[host]
+    mn = {
+        "nnodes": n,
+        "node_rank": rank,
+        "role": "api" if rank == 0 else "headless",
+        "headless": rank > 0,
+        "hosts": list(hosts),
+        "addresses": [str(addrs[h][1].ip) for h in hosts],
+        "master_addr": str(master.ip),
+        "master_port": rec["master_port"],
+        "address": str(mine.ip),
+        "interface": mine_iface,
+        "peers": [str(addrs[h][1].ip) for h in hosts if h != host],
+        "parallel": mode,
+        "gpus_per_node": local[0] * local[1],
+        "tensor_parallel_size": rec["tensor_parallel_size"],
+        "pipeline_parallel_size": rec["pipeline_parallel_size"],
+    }
+    share = dict(rec, tensor_parallel_size=local[0], pipeline_parallel_size=local[1], multinode=mn)
+    if rec.get("weights_bytes"):
+        # placement checks the fit of this host's share of the weights on this host's GPUs
+        share["weights_bytes"] = max(1, int(rec["weights_bytes"] // n))
+    if mode == "tensor":
+        share.pop("num_attention_heads", None)  # checked above against the whole group
+        share.pop("num_key_value_heads", None)
+    return share
+
+
 def resolve(records, models, host, fleet, opts):
     """This host's records: single-host ones unchanged, multi-node ones as this host's share.
 
@@ -385,78 +459,23 @@ def resolve(records, models, host, fleet, opts):
             continue
         if host not in hosts:
             continue  # another host's instance: not in this host's plan
-        before = len(problems)
-        n = len(hosts)
-        tp, pp = rec["tensor_parallel_size"], rec["pipeline_parallel_size"]
         mode = rec.get("nodes_parallel") or "pipeline"
         if mode == "pipeline":
-            if pp % n:
-                problems.append(f"{where}: nodes_parallel is 'pipeline' over {n} hosts, so pipeline_parallel_size "
-                                f"({pp}) must be a multiple of {n} (whole stages per host); set "
-                                f"pipeline_parallel_size: {n} (one stage of tensor_parallel_size {tp} GPUs per host)")
-            local = (tp, pp // n if pp % n == 0 else pp)
+            local, probs = _pipeline_split(rec, len(hosts), where)
         else:
-            slow = [h for h in hosts if not _as_bool(opts.get("fast_interconnect") if h == host
-                                                     else fleet[h].get("fast_interconnect", False))]
-            if slow:
-                problems.append(f"{where}: nodes_parallel is 'tensor' (tensor_parallel_size across hosts: an "
-                                "all-reduce over the network in every layer) but vllm_service_fast_interconnect is "
-                                f"not true on {', '.join(slow)}; use nodes_parallel: pipeline, or set "
-                                "vllm_service_fast_interconnect: true where the hosts share a fast fabric "
-                                "(InfiniBand, RoCE)")
-            if pp != 1:
-                problems.append(f"{where}: nodes_parallel 'tensor' spreads one tensor-parallel group over the hosts; "
-                                f"pipeline_parallel_size must be 1 (it is {pp}): use nodes_parallel: pipeline for "
-                                "pipeline stages across hosts")
-            if tp % n:
-                problems.append(f"{where}: nodes_parallel is 'tensor' over {n} hosts, so tensor_parallel_size ({tp}) "
-                                f"must be a multiple of {n}; set tensor_parallel_size: {n * max(tp // n, 1)}")
-            heads, kv_heads = rec.get("num_attention_heads"), rec.get("num_key_value_heads")
-            if heads and heads % tp:
-                problems.append(f"{where}: tensor_parallel_size {tp} does not divide num_attention_heads {heads}; "
-                                "choose a tensor_parallel_size that divides it")
-            if kv_heads and kv_heads % tp and tp % kv_heads:
-                problems.append(f"{where}: tensor_parallel_size {tp} and num_key_value_heads {kv_heads} do not fit: "
-                                "the KV heads must split evenly across the GPUs or be replicated evenly")
-            local = (tp // n if tp % n == 0 else tp, 1)
-        if len(problems) > before:
+            local, probs = _tensor_split(rec, hosts, host, fleet, opts, where)
+        if probs:
+            problems.extend(probs)
             continue  # the sizes do not split over the hosts: GPU counts per host would be compared wrongly
-        size_here = local[0] * local[1]
-        problems.extend(_same_definition(rec, size_here, hosts, host, fleet, models, opts, where))
-        if len(problems) > before:
+        probs = _same_definition(rec, local[0] * local[1], hosts, host, fleet, models, opts, where)
+        if probs:
+            problems.extend(probs)
             continue
         addrs, probs = _rank_addresses(rec, hosts, host, fleet, opts, where)
         if probs:
             problems.extend(probs)
             continue
-        rank = hosts.index(host)
-        master = addrs[hosts[0]][1]
-        mine_iface, mine = addrs[host]
-        mn = {
-            "nnodes": n,
-            "node_rank": rank,
-            "role": "api" if rank == 0 else "headless",
-            "headless": rank > 0,
-            "hosts": list(hosts),
-            "addresses": [str(addrs[h][1].ip) for h in hosts],
-            "master_addr": str(master.ip),
-            "master_port": rec["master_port"],
-            "address": str(mine.ip),
-            "interface": mine_iface,
-            "peers": [str(addrs[h][1].ip) for h in hosts if h != host],
-            "parallel": mode,
-            "gpus_per_node": size_here,
-            "tensor_parallel_size": tp,
-            "pipeline_parallel_size": pp,
-        }
-        share = dict(rec, tensor_parallel_size=local[0], pipeline_parallel_size=local[1], multinode=mn)
-        if rec.get("weights_bytes"):
-            # placement checks the fit of this host's share of the weights on this host's GPUs
-            share["weights_bytes"] = max(1, int(rec["weights_bytes"] // n))
-        if mode == "tensor":
-            share.pop("num_attention_heads", None)  # checked above against the whole group
-            share.pop("num_key_value_heads", None)
-        out.append(share)
+        out.append(_share_record(rec, hosts, host, addrs, mode, local))
     return out, problems
 
 

@@ -341,6 +341,25 @@ class _Planner:
             problems.append(f"{where}: {msg}")
             inst.ok = False
 
+        self._parse_name(name, bad)
+        self._parse_sizes(raw, inst, bad)
+        self._parse_port(raw, inst, bad)
+        self._parse_numa(raw, inst, bad)
+        self._parse_model_facts(raw, inst, bad)
+
+        gpus_raw = raw.get("gpus")
+        if not _is_auto(gpus_raw) and self.cpu_only:
+            bad(f"gpus is {gpus_raw!r} but this host is planned without GPUs (vllm_preflight_gpu: false); "
+                "remove gpus or set vllm_preflight_gpu: true")
+        elif not _is_auto(gpus_raw):
+            inst.explicit = self._parse_explicit(gpus_raw, bad)
+
+        if inst.ok and not self.cpu_only:
+            self._check_model(inst, bad)
+        return inst, problems
+
+    def _parse_name(self, name, bad) -> None:
+        """Check an instance's 'name' (required, a string usable in a systemd unit name)."""
         if name is None or name == "":
             bad("'name' is required (a short name such as 'chat'; the unit becomes vllm-<name>.service)")
         elif not isinstance(name, str):
@@ -352,6 +371,8 @@ class _Planner:
         elif len(name) > 200:
             bad(f"name is {len(name)} characters long; keep it under 200 so the unit name stays valid")
 
+    def _parse_sizes(self, raw, inst: _Inst, bad) -> None:
+        """Read tensor/pipeline parallel sizes and gpu_memory_utilization into ``inst``."""
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = raw.get(key, 1)
             num = _as_int(1 if value is None else value)
@@ -368,6 +389,8 @@ class _Planner:
         else:
             inst.util = util
 
+    def _parse_port(self, raw, inst: _Inst, bad) -> None:
+        """Read an explicit 'port' into ``inst`` (left unset when auto)."""
         port_raw = raw.get("port")
         if not _is_auto(port_raw):
             port = _as_int(port_raw)
@@ -376,6 +399,8 @@ class _Planner:
             else:
                 inst.port = port
 
+    def _parse_numa(self, raw, inst: _Inst, bad) -> None:
+        """Read allow_cross_numa and an explicit numa_node (checked against this host's nodes) into ``inst``."""
         cross_raw = raw.get("allow_cross_numa", False)
         cross = _as_bool(False if cross_raw is None else cross_raw)
         if cross is None:
@@ -398,6 +423,8 @@ class _Planner:
             else:
                 inst.numa = numa
 
+    def _parse_model_facts(self, raw, inst: _Inst, bad) -> None:
+        """Read the optional model facts (attention/KV head counts, weights_bytes) into ``inst``."""
         for key, attr in (("num_attention_heads", "heads"), ("num_key_value_heads", "kv_heads")):
             value = raw.get(key)
             if value is None:
@@ -415,17 +442,6 @@ class _Planner:
                 bad(f"weights_bytes is {wb!r}; use the total size of the model's safetensors in bytes, or leave it out")
             else:
                 inst.weights_bytes = num
-
-        gpus_raw = raw.get("gpus")
-        if not _is_auto(gpus_raw) and self.cpu_only:
-            bad(f"gpus is {gpus_raw!r} but this host is planned without GPUs (vllm_preflight_gpu: false); "
-                "remove gpus or set vllm_preflight_gpu: true")
-        elif not _is_auto(gpus_raw):
-            inst.explicit = self._parse_explicit(gpus_raw, bad)
-
-        if inst.ok and not self.cpu_only:
-            self._check_model(inst, bad)
-        return inst, problems
 
     def _parse_explicit(self, gpus_raw, bad):
         items = gpus_raw
@@ -888,7 +904,7 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
 
     problems = []
     for inst in insts:
-        if inst.explicit is None and inst.weights_bytes is not None:
+        if inst.explicit is None and inst.weights_bytes is not None and inst.group:  # no GPUs: nothing to fit in
             msg = planner.weights_problem(inst, min(hostm.gpus[i].total_mib for i in inst.group))
             if msg:
                 problems.append(f"{inst.where}: {msg}")

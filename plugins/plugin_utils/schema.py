@@ -23,7 +23,8 @@ import json
 import re
 
 __all__ = ["ROWS", "MODEL_KEYS", "INSTANCE_KEYS", "OVERRIDES", "FLAG_ROWS", "MANAGED", "PROMOTED",
-           "value_problem", "flag_args", "argument_spec_options", "models_description", "docs_table", "flags_table", "DEFAULT_MASTER_PORT"]
+           "value_problem", "flag_args", "argument_spec_options", "models_description", "docs_table", "flags_table",
+           "DEFAULT_MASTER_PORT", "SHA_RE", "VERIFY_MODES", "repo_id_problem", "snapshot_dirs"]
 
 #: vLLM's default ``--master-port`` for a multi-node instance (multinode.py reads it from here).
 DEFAULT_MASTER_PORT = 29501
@@ -31,6 +32,34 @@ DEFAULT_MASTER_PORT = 29501
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 MODEL, INSTANCE, BOTH = "model", "instance", "both"
+
+#: A pinned ``revision``: a 40-hex commit sha.
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+# The Hub's repository names: letters, digits, '-', '_', '.'; no '--' or '..' at the start or end.
+REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+#: The values of ``verify`` (a model's) and ``vllm_weights_verify``.
+VERIFY_MODES = ("size", "sha256")
+
+
+def repo_id_problem(repo_id):
+    """Why ``repo_id`` is not a Hub repository id (``org/name``), or None when it is one."""
+    if not isinstance(repo_id, str) or not repo_id:
+        return "it is missing"
+    parts = repo_id.split("/")
+    if len(parts) != 2:
+        return "it must be exactly 'org/name'"
+    if not all(REPO_PART_RE.match(p) for p in parts):
+        return "each part may hold letters, digits, '-', '_' and '.' (up to 96 characters), starting with a letter or digit"
+    if ".." in repo_id or any(p.endswith(".") or p.endswith("-") for p in parts):
+        return "the Hub refuses '..' and a part ending in '.' or '-'"
+    return None
+
+
+def snapshot_dirs(models_dir, repo_id):
+    """Where ``repo_id`` lands, the one layout rule: ``{"repo_dir": <models_dir>/<org>/<name>, "current":
+    <repo_dir>/current}`` (the weights role fetches there, the units serve ``current``)."""
+    repo_dir = "%s/%s" % ((models_dir or "").rstrip("/"), repo_id)
+    return {"repo_dir": repo_dir, "current": repo_dir + "/current"}
 
 
 def _row(key, kind, level, doc, *, default=None, instance_default=None, instance_doc=None, flag=None, form=None,

@@ -1,22 +1,14 @@
 # Apache License 2.0 (see LICENSE)
 """What one systemd unit of a vLLM instance contains (controller side, pure Python, no Ansible imports).
 
-``service_specs(plan, models, **options)`` turns the placement plan (the list that the filter
-``inferops.vllm.gpu_plan`` returns, one entry per instance, with the instance's keys passed through)
-and the model catalogue (``vllm_models``: model key -> settings) into one *spec* per instance: the
-command line (one flag per entry, already quoted for a unit file), the public environment, the CPU
-and NUMA binding this host can really apply, the ports, and the paths. The role
-``inferops.vllm.vllm_service`` renders its unit template from these specs, so everything a unit says
-is decided (and checked) here, once, where a unit test can reach it.
-
-Checks, each failure naming the instance, the variable and the fix:
-
-* the instance's ``model`` is a key of ``vllm_models``; the settings have the right types;
-* free-form ``extra_args`` never repeat a flag the role sets (``--port``, ``--tensor-parallel-size``,
-  ...) or pass a secret (``--api-key``): the message names the flag and the variable to use instead;
-* environment variables never carry a secret or override the pinning (``CUDA_VISIBLE_DEVICES``);
-* every instance gets its own ``VLLM_PORT`` range (vLLM's internal ports) that collides neither with
-  another range nor with an HTTP port.
+``service_specs(placed, models, **options)`` is called by ``host_plan.build_plan`` only, with
+normalised records: the placement of each instance (``placement.plan``, the instance's record passed
+through) and the normalised model catalogue (``inventory.normalise``). The inventory was checked there,
+once; nothing here checks it again. It decides one *spec* per instance: the command line (one flag per
+entry, already quoted for a unit file), the public environment, the CPU and NUMA binding this host can
+really apply, the ports, and the paths. What only the units can see is refused here, each problem
+naming the instance and the fix: a multi-node instance's executor flag or network variables set by hand,
+and ``VLLM_PORT`` ranges (vLLM's internal ports) that collide with another range or an HTTP port.
 
 Host facts decide the binding: a NUMA node the plan names (from ``nvidia-smi topo -m``) that the
 kernel does not have (``/sys/devices/system/node/node<N>`` missing, common in VMs) gets no memory
@@ -28,21 +20,17 @@ from __future__ import annotations
 import re
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils import multinode
-from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import FLAG_ROWS, OVERRIDES, PROMOTED, flag_args, value_problem
-# the rules of extra_args and env live with the inventory's checks (stage 1); the unit builder reads them
+from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import FLAG_ROWS, PROMOTED, flag_args
+# the rules of extra_args and env live with the inventory's checks (stage 1); the unit builder parses extra_args
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import (  # noqa: F401  pylint: disable=unused-import
     FORBIDDEN_FLAGS,
     MANAGED_FLAGS,
     canonical_flag,
-    check_extra_args,
-    env_problems,
     parse_extra_args,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import compress_ints, is_int as _is_int
-from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import snapshot_dirs
 
 __all__ = [
-    "ServiceSpecError",
     "service_specs",
     "parse_extra_args",
     "systemd_quote",
@@ -59,21 +47,6 @@ NUMA_POLICY_MIN_SYSTEMD = 243
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class ServiceSpecError(ValueError):
-    """Raised for input the role refuses; ``problems`` holds one line per problem."""
-
-    def __init__(self, problems, host=None):
-        self.problems = list(problems)
-        where = f"host {host}: " if host else ""
-        if len(self.problems) == 1:
-            text = f"vllm_service: {where}{self.problems[0]}"
-        else:
-            text = f"vllm_service: {where}{len(self.problems)} problems:\n" + "\n".join(
-                f"  - {p}" for p in self.problems)
-        super().__init__(text)
 
 
 # --------------------------------------------------------------------------- quoting
@@ -117,76 +90,18 @@ def int_list(value):
             if re.fullmatch(r"\d+-\d+", part):
                 lo, hi = (int(x) for x in part.split("-"))
                 out.extend(range(lo, hi + 1))
-            elif part.isdigit():
+            elif part.isdecimal():
                 out.append(int(part))
             else:
                 return None
         return sorted(set(out))
     if isinstance(value, (list, tuple, set)):
-        if all(_is_int(v) or (isinstance(v, str) and v.strip().isdigit()) for v in value):
+        if all(_is_int(v) or (isinstance(v, str) and v.strip().isdecimal()) for v in value):
             return sorted({int(v) for v in value})
     return None
 
 
-def _as_bool(value, default=False):
-    if value is None:
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("yes", "true", "on", "1"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("no", "false", "off", "0", ""):
-        return False
-    if _is_int(value) and value in (0, 1):
-        return bool(value)
-    raise ValueError(f"{value!r} is not a boolean")
-
-
 # --------------------------------------------------------------------------- the spec
-
-#: Keys of an instance that override the model's settings for that instance only (the schema's rows).
-INSTANCE_OVERRIDES = OVERRIDES
-
-
-def _model_settings(entry, models, where, problems):
-    key = entry.get("model")
-    if not isinstance(key, str) or not key:
-        problems.append(f"{where}: 'model' is missing; name a key of vllm_models")
-        return None, None
-    if not isinstance(models, dict) or key not in models:
-        known = ", ".join(sorted(str(k) for k in models)) if isinstance(models, dict) and models else "none"
-        problems.append(f"{where}: model '{key}' is not in vllm_models (known: {known}); add it there "
-                        "or fix the instance's model")
-        return key, None
-    settings = models[key]
-    if not isinstance(settings, dict):
-        problems.append(f"vllm_models['{key}'] must be a dict of settings, got {type(settings).__name__}")
-        return key, None
-    merged = dict(settings)
-    for k in INSTANCE_OVERRIDES:
-        if entry.get(k) is not None:
-            merged[k] = entry[k]
-    return key, merged
-
-
-def _flag_settings(settings, where, problems):
-    """The vLLM settings (schema.FLAG_ROWS) of merged model + instance settings, checked; None when one is refused."""
-    values = {}
-    for row in FLAG_ROWS:
-        key = row["key"]
-        value = settings.get(key)
-        if row["check"] == "bool" and value is not None:
-            try:
-                value = _as_bool(value, None)
-            except ValueError:
-                pass
-        reason = value_problem(key, value)
-        if reason:
-            problems.append(f"{where}: {key} is {value!r}; {reason}")
-            return None
-        values[key] = value
-    return values
-
 
 def _promoted_warnings(name, groups):
     """A flag in extra_args that a key now sets: it still works; say which key replaces it."""
@@ -201,83 +116,25 @@ def _promoted_warnings(name, groups):
     return out
 
 
-def _check_entry(pos, entry, opts, problems):
-    """One planned instance's own fields: ``(name, where, unit)``, or None when it cannot be read at all."""
-    where = f"vllm_service_plan[{pos}]"
-    if not isinstance(entry, dict):
-        problems.append(f"{where} must be a dict (one entry of the gpu_plan output), got {type(entry).__name__}")
-        return None
-    name = entry.get("name")
-    if not isinstance(name, str) or not re.match(r"^[a-z0-9][a-z0-9_.-]*$", name):
-        problems.append(f"{where}: 'name' {name!r} is missing or unusable in a unit name; "
-                        "pass the output of inferops.vllm.gpu_plan")
-        return None
-    where = f"{where} '{name}'"
-    unit = entry.get("unit") or f"{opts['unit_prefix']}{name}.service"
-    expected_unit = f"{opts['unit_prefix']}{name}.service"
-    if unit != expected_unit:
-        problems.append(f"{where}: the plan's unit is {unit!r} but this role names it {expected_unit!r}; "
-                        "use the same unit_prefix in gpu_plan and vllm_service_unit_prefix")
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "port"):
-        if not _is_int(entry.get(key)) or entry[key] < 1:
-            problems.append(f"{where}: {key} is {entry.get(key)!r}; pass the output of inferops.vllm.gpu_plan")
-    # A CPU-only plan (vllm_cpu_plan) has no GPUs: no pinning, no memory fraction, no footprint.
-    cvd = entry.get("cuda_visible_devices") or ""
-    if _has_gpus(entry) and (not isinstance(cvd, str) or not re.match(r"^[A-Za-z0-9,:._-]+$", cvd)):
-        problems.append(f"{where}: cuda_visible_devices is {cvd!r}; pass the output of inferops.vllm.gpu_plan")
-    util = entry.get("gpu_memory_utilization")
-    if _has_gpus(entry) and (isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1):
-        problems.append(f"{where}: gpu_memory_utilization is {util!r}; pass the output of inferops.vllm.gpu_plan")
-    return name, where, expected_unit
-
-
 def _has_gpus(entry):
     return bool(entry.get("cuda_visible_devices")) or bool(entry.get("gpus"))
 
 
-def _model_of(entry, models, opts, where, problems):
-    """The instance's model: ``{key, where, settings, path, served, flags}``, or None when it is not declared."""
-    model_key, settings = _model_settings(entry, models, where, problems)
-    if settings is None:
-        return None
-    mwhere = f"vllm_models['{model_key}']"
-    path = settings.get("path")
-    repo_id = settings.get("repo_id")
-    if repo_id is not None and (not isinstance(repo_id, str) or not _REPO_ID.match(repo_id)):
-        problems.append(f"{mwhere}: repo_id {repo_id!r} is not of the form 'org/name'")
-        repo_id = None
-    if path is not None and (not isinstance(path, str) or not path.startswith("/")):
-        problems.append(f"{mwhere}: path {path!r} must be an absolute path")
-        path = None
-    if path is None and repo_id is not None:
-        path = snapshot_dirs(opts["models_dir"], repo_id)["current"]
-    if path is None and settings.get("repo_id") is None and settings.get("path") is None:
-        problems.append(f"{mwhere}: give repo_id ('org/name', served from {opts['models_dir']}/<org>/<name>/current) "
-                        "or an absolute path")
-    served = settings.get("served_model_name") or repo_id or model_key
-    served_list = served if isinstance(served, list) else [served]
-    if not served_list or not all(isinstance(s, str) and s and not any(c.isspace() for c in s) for s in served_list):
-        problems.append(f"{mwhere}: served_model_name {served!r} must be a name without spaces (or a list of them)")
-    return {"key": model_key, "where": mwhere, "settings": settings, "path": path, "served": served_list,
-            "flags": _flag_settings(settings, mwhere, problems)}
+def _model_of(entry, models):
+    """The instance's model, from the normalised records: ``{key, path, served, flags}``.
+
+    The instance record carries its model's settings with its own overrides on top (``inventory.normalise``)."""
+    model = models[entry["model"]]
+    return {"key": model["key"], "path": model["local_path"], "served": list(entry["served_model_name"]),
+            "flags": {row["key"]: entry.get(row["key"]) for row in FLAG_ROWS}}
 
 
-def _additions(entry, model, name, where, problems):
-    """The model's and the instance's extra_args (flag groups) and env (model's, instance's), checked."""
-    settings, mwhere = model["settings"], model["where"]
-    groups = []
-    for source, label in ((settings.get("extra_args"), f"{mwhere}.extra_args"),
-                          (entry.get("extra_args"), f"{where}.extra_args")):
-        try:
-            groups.extend(parse_extra_args(source, label))
-        except ValueError as exc:
-            problems.append(str(exc))
-    problems.extend(check_extra_args(groups, f"extra_args of instance '{name}'"))
-    env_model = env_problems(settings.get("environment"), f"{mwhere}.environment", problems)
-    env_model.update(env_problems(settings.get("env"), f"{mwhere}.env", problems))
-    env_inst = env_problems(entry.get("environment"), f"{where}.environment", problems)
-    env_inst.update(env_problems(entry.get("env"), f"{where}.env", problems))
-    return groups, env_model, env_inst
+def _additions(entry, models):
+    """The model's and the instance's extra_args (flag groups, in that order) and env (checked by the inventory)."""
+    model = models[entry["model"]]
+    groups = parse_extra_args(model.get("extra_args"), "extra_args")
+    groups += parse_extra_args(entry.get("extra_args"), "extra_args")
+    return groups, dict(model.get("env") or {}), dict(entry.get("env") or {})
 
 
 def _command_line(entry, model, groups, opts, where, problems):
@@ -383,19 +240,12 @@ def _environment(name, entry, opts, added, where, problems):
     return env, cache_dir
 
 
-def _one_spec(pos, entry, models, opts, problems, warnings):
-    """One planned instance -> its unit's content (command line, environment, binding), or None (problems)."""
-    before = len(problems)
-    checked = _check_entry(pos, entry, opts, problems)
-    if checked is None:
-        return None
-    name, where, unit = checked
-    model = _model_of(entry, models, opts, where, problems)
-    if model is None:
-        return None
-    groups, env_model, env_inst = _additions(entry, model, name, where, problems)
-    if len(problems) > before:
-        return None
+def _one_spec(entry, models, opts, problems, warnings):
+    """One placed instance -> its unit's content (command line, environment, binding), or None (problems)."""
+    name, unit = entry["name"], entry["unit"]
+    where = f"vllm_instances[{entry.get('position', 0)}] ({name})"
+    model = _model_of(entry, models)
+    groups, env_model, env_inst = _additions(entry, models)
     warnings.extend(_promoted_warnings(name, groups))
     args = _command_line(entry, model, groups, opts, where, problems)
     if args is None:
@@ -551,10 +401,6 @@ def _vllm_ports(specs, port_base, stride, problems):
         base = spec["vllm_port"]
         if base is None:
             base = port_base + pos * stride
-        elif not _is_int(base) or not 1024 <= base <= 65535:
-            problems.append(f"vllm_service_plan[{pos}] '{spec['name']}': vllm_port is {base!r}; use a port number "
-                            "from 1024 upwards")
-            continue
         top = base + stride - 1
         if top > 65535:
             problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} ends above 65535; lower "
@@ -572,83 +418,46 @@ def _vllm_ports(specs, port_base, stride, problems):
         spec["environment"] = [(k, str(base) if k == "VLLM_PORT" else v) for k, v in spec["environment"]]
 
 
-def service_specs(plan, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/current", python=None,
-                  models_dir="/var/lib/inferops/models", cache_dir="/var/cache/inferops/vllm",
-                  config_dir="/etc/inferops/vllm", tmp_dir="/tmp", unit_prefix="vllm-",
+def service_specs(placed, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/current", python=None,
+                  cache_dir="/var/cache/inferops/vllm", config_dir="/etc/inferops/vllm", tmp_dir="/tmp",
                   vllm_port_base=20000, vllm_port_stride=100, nccl_env=None, environment=None,
                   disable_custom_all_reduce=False, numa_bind=True, cpu_affinity=True,
                   kernel_numa_nodes=None, online_cpus=None, systemd_version=None,
-                  numactl="/usr/bin/numactl", inventory_host=None,
-                  numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD, variant="cuda") -> dict:
-    """Specs for every planned instance: ``{"instances": [...], "warnings": [...]}`` or ServiceSpecError."""
-    problems = []
-    warnings = []
-    if plan is None:
-        plan = []
-    if not isinstance(plan, (list, tuple)):
-        raise ServiceSpecError([f"vllm_service_plan must be the list that inferops.vllm.gpu_plan returns, "
-                                f"got {type(plan).__name__}"], inventory_host)
-    if models is None:
-        models = {}
-    if not isinstance(models, dict):
-        raise ServiceSpecError([f"vllm_models must be a dict (model key -> settings), got {type(models).__name__}"],
-                               inventory_host)
-    if not isinstance(host, str) or not host or any(c.isspace() for c in host):
-        problems.append(f"vllm_service_host is {host!r}; use an address such as 127.0.0.1")
-    for key, value in (("vllm_service_vllm_port_base", vllm_port_base), ("vllm_service_vllm_port_stride",
-                                                                         vllm_port_stride)):
-        if not _is_int(value) or not 1 <= value <= 65535:
-            problems.append(f"{key} is {value!r}; use a port number")
-    try:
-        disable_custom_all_reduce = _as_bool(disable_custom_all_reduce)
-        numa_bind = _as_bool(numa_bind, True)
-        cpu_affinity = _as_bool(cpu_affinity, True)
-    except ValueError as exc:
-        problems.append(f"a boolean option is not a boolean: {exc}")
+                  numactl="/usr/bin/numactl", numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD, variant="cuda") -> dict:
+    """Specs for every placed instance: ``{"instances": [...], "warnings": [...], "problems": [...]}``.
+
+    ``placed``: ``placement.plan``'s entries of normalised instance records; ``models``: the normalised
+    catalogue; the options: the plan inputs, typed (``host_plan.plan_inputs``), and the host's facts.
+    ``problems`` (one sentence each) are what only the units can see; the plan refuses them.
+    """
+    problems, warnings = [], []
     sd_version = None
     if systemd_version not in (None, ""):
         m = re.match(r"^\s*(\d+)", str(systemd_version))
-        if m:
-            sd_version = int(m.group(1))
-        else:
-            problems.append(f"systemd_version {systemd_version!r} is not a version number")
-    kernel_nodes = int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None
-    online = int_list(online_cpus) if online_cpus not in (None, "") else None
+        sd_version = int(m.group(1)) if m else None  # a fact the host reported; unreadable = unknown
     if variant not in ("cuda", "cpu"):
         problems.append(f"vllm_install_variant is {variant!r}; use cuda or cpu")
-    nccl = env_problems(nccl_env, "vllm_service_nccl_env", problems)
-    extra_env = env_problems(environment, "vllm_service_environment", problems)
-    if problems:
-        raise ServiceSpecError(problems, inventory_host)
+        return {"instances": [], "warnings": warnings, "problems": problems}
     opts = {
-        "host": host, "venv": venv, "python": python, "models_dir": models_dir, "cache_dir": cache_dir,
-        "config_dir": config_dir, "tmp_dir": tmp_dir, "unit_prefix": unit_prefix, "nccl_env": nccl,
-        "environment": extra_env, "disable_custom_all_reduce": disable_custom_all_reduce,
-        "numa_bind": numa_bind, "cpu_affinity": cpu_affinity, "kernel_numa_nodes": kernel_nodes,
-        "online_cpus": online, "systemd_version": sd_version, "numactl": numactl,
-        "numa_policy_min_systemd": int(numa_policy_min_systemd), "variant": variant,
+        "host": host, "venv": venv, "python": python, "cache_dir": cache_dir, "config_dir": config_dir,
+        "tmp_dir": tmp_dir, "nccl_env": dict(nccl_env or {}), "environment": dict(environment or {}),
+        "disable_custom_all_reduce": disable_custom_all_reduce, "numa_bind": numa_bind, "cpu_affinity": cpu_affinity,
+        "kernel_numa_nodes": int_list(kernel_numa_nodes) if kernel_numa_nodes is not None else None,
+        "online_cpus": int_list(online_cpus) if online_cpus not in (None, "") else None,
+        "systemd_version": sd_version, "numactl": numactl, "numa_policy_min_systemd": int(numa_policy_min_systemd),
+        "variant": variant,
     }
     specs = []
-    for pos, entry in enumerate(plan):
-        spec = _one_spec(pos, entry, models, opts, problems, warnings)
+    for pos, entry in enumerate(placed):
+        spec = _one_spec(entry, models, opts, problems, warnings)
         if spec is not None:
             specs.append((pos, spec))
-    names = {}
-    for pos, spec in specs:
-        names.setdefault(spec["name"], []).append(pos)
-    for name, where in names.items():
-        if len(where) > 1:
-            problems.append(f"vllm_service_plan[{', '.join(map(str, where))}]: name '{name}' is used more than once")
-    if problems:
-        raise ServiceSpecError(problems, inventory_host)
-
-    _vllm_ports(specs, vllm_port_base, vllm_port_stride, problems)
-    if problems:
-        raise ServiceSpecError(problems, inventory_host)
+    if not problems:
+        _vllm_ports(specs, vllm_port_base, vllm_port_stride, problems)
     for _pos, spec in specs:
         spec["environment_lines"] = [systemd_env_assignment(k, v) for k, v in spec["environment"]]
         spec["environment"] = [[k, v] for k, v in spec["environment"]]
-    return {"instances": [spec for _pos, spec in specs], "warnings": warnings}
+    return {"instances": [spec for _pos, spec in specs], "warnings": warnings, "problems": problems}
 
 
 def unit_view(instance, python=None) -> dict:

@@ -32,8 +32,8 @@ def as_int(value):
     """An int from an int or a string of digits; None when it is neither."""
     if is_int(value):
         return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[ \t\n\r\f\v]*-?[0-9]+[ \t\n\r\f\v]*", value):
+        return int(value)  # ASCII digits and blanks only: int() refuses \x1f, and reads '٣' as 3
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return None

@@ -9,7 +9,6 @@ Environment variables the roles set or keep secret are refused naming where to s
 """
 from __future__ import annotations
 
-import json
 import re
 import shlex
 
@@ -80,38 +79,17 @@ def parse_extra_args(extra, where: str) -> list[list[str]]:
     """Free-form extra arguments -> groups ``[flag, value...]`` (one group per flag).
 
     ``extra`` is a list of strings (each split like a shell would: ``"--dtype float32"``,
-    ``"--dtype=float32"``, ``"--enforce-eager"``) or a dict (``{dtype: float32, enforce-eager: true}``;
-    ``false``/``null`` leave the flag out, a list gives several values, a dict is passed as JSON).
+    ``"--dtype=float32"``, ``"--enforce-eager"``), the schema's type of ``extra_args``.
     Raises ValueError for anything that is not a flag followed by its values.
     """
     if extra is None:
         return []
     groups = []
-    if isinstance(extra, dict):
-        for key, value in extra.items():
-            if not isinstance(key, str) or not key.strip():
-                raise ValueError(f"{where}: key {key!r} is not a flag name")
-            flag = key if key.startswith("-") else "--" + key
-            if not _FLAG.match(flag) or "=" in flag:
-                raise ValueError(f"{where}: key {key!r} is not a flag name")
-            if any(c in str(value) for c in "\n\r\0"):
-                raise ValueError(f"{where}: the value of {key!r} contains a line break or NUL character")
-            if value is True:
-                groups.append([flag])
-            elif value is False or value is None:
-                continue
-            elif isinstance(value, (list, tuple)):
-                groups.append([flag] + [json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in value])
-            elif isinstance(value, dict):
-                groups.append([flag, json.dumps(value, sort_keys=True)])
-            else:
-                groups.append([flag, str(value)])
-        return groups
     if isinstance(extra, str):
         extra = [extra]
     if not isinstance(extra, (list, tuple)):
-        raise ValueError(f"{where} must be a list of strings such as ['--enforce-eager', '--dtype float32'] "
-                         f"or a dict, got {type(extra).__name__}")
+        raise ValueError(f"{where} must be a list of strings such as ['--enforce-eager', '--dtype float32'], "
+                         f"got {type(extra).__name__}")
     tokens = []
     for item in extra:
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):

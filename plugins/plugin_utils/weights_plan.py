@@ -13,32 +13,15 @@ Every problem names the host, the variable and the fix; all problems are reporte
 """
 from __future__ import annotations
 
-import re
-
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-# The Hub's repository names: letters, digits, '-', '_', '.'; no '--' or '..' at the start or end.
-REPO_PART_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-VERIFY_MODES = ("size", "sha256")
-
-
-def repo_id_problem(repo_id):
-    """Why ``repo_id`` is not a Hub repository id (``org/name``), or None when it is one."""
-    if not isinstance(repo_id, str) or not repo_id:
-        return "it is missing"
-    parts = repo_id.split("/")
-    if len(parts) != 2:
-        return "it must be exactly 'org/name'"
-    if not all(REPO_PART_RE.match(p) for p in parts):
-        return "each part may hold letters, digits, '-', '_' and '.' (up to 96 characters), starting with a letter or digit"
-    if ".." in repo_id or any(p.endswith(".") or p.endswith("-") for p in parts):
-        return "the Hub refuses '..' and a part ending in '.' or '-'"
-    return None
-
-
-def snapshot_dirs(models_dir, repo_id):
-    """The one layout rule: ``{"repo_dir": <models_dir>/<org>/<name>, "current": <repo_dir>/current}``."""
-    repo_dir = "%s/%s" % ((models_dir or "").rstrip("/"), repo_id)
-    return {"repo_dir": repo_dir, "current": repo_dir + "/current"}
+from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
+# the layout and the repository rules are the schema's (one place); named here for the weights code
+from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (  # noqa: F401  pylint: disable=unused-import
+    REPO_PART_RE,
+    SHA_RE,
+    VERIFY_MODES,
+    repo_id_problem,
+    snapshot_dirs,
+)
 
 
 class WeightsPlanError(ValueError):
@@ -50,98 +33,27 @@ class WeightsPlanError(ValueError):
         ValueError.__init__(self, where + "; ".join(self.problems))
 
 
-def _patterns(value, where, name, problems):
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(p, str) and p for p in value):
-        problems.append("%s.%s must be a list of non-empty glob strings, got %r" % (where, name, value))
-        return None
-    return list(value)
+def plan_items(records, keys, models_dir, verify="size"):
+    """The snapshots of the models ``keys`` from normalised model records (``inventory.normalise``).
 
-
-def _as_bool(value, where, problems):
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
-        return value.strip().lower() in ("true", "yes", "on", "1")
-    if value is None:
-        return False
-    problems.append("%s must be true or false, got %r" % (where, value))
-    return False
-
-
-def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models", verify="size",
-                  variable="vllm_weights_models"):
-    """The snapshots one host needs.
-
-    Returns ``{"models": [item, ...], "skipped": [{"key", "reason"}, ...]}``. An item is
-    ``{id, model_keys, repo_id, org, name, revision, pinned, allow_unpinned, allow_patterns, ignore_patterns,
-    verify, repo_dir, current, slug}``; ``allow_patterns``/``ignore_patterns`` are None when the model
-    does not set them (the module's defaults apply). Two keys naming the same repository and revision
-    share one item; the same repository at two revisions on one host is an error (one ``current``
-    link per repository).
+    Returns ``(items, skipped, problems)``: one item per snapshot (see ``wanted_models``), the models served
+    from a ``path`` (not fetched), and what only the snapshots together can show: one repository at two
+    revisions on one host (one ``current`` link per repository), or one snapshot fetched with two selections.
     """
-    problems = []
-    if not isinstance(models, dict):
-        raise WeightsPlanError(["vllm_models must be a dict of model key -> settings, got %s" % type(models).__name__],
-                               host)
-    if isinstance(keys, str) or not isinstance(keys, (list, tuple)):
-        raise WeightsPlanError(["%s must be a list of keys of vllm_models, got %r" % (variable, keys)], host)
-    if verify not in VERIFY_MODES:
-        problems.append("vllm_weights_verify is %r; use one of %s" % (verify, ", ".join(VERIFY_MODES)))
     root = (models_dir or "").rstrip("/")
-    if not root.startswith("/"):
-        problems.append("vllm_weights_models_dir %r must be an absolute path" % models_dir)
-    items, skipped, by_repo = [], [], {}
-    seen_keys = set()
-    for key in keys:
-        if not isinstance(key, str) or not key:
-            problems.append("%s holds %r; list keys of vllm_models" % (variable, key))
+    items, skipped, problems, by_repo = [], [], [], {}
+    for key in dict.fromkeys(keys):
+        rec = records[key]
+        if rec.get("path"):
+            skipped.append({"key": key, "reason": "served from path %s, not fetched" % rec["path"]})
             continue
-        if key in seen_keys:
-            continue
-        seen_keys.add(key)
-        where = "vllm_models['%s']" % key
-        if key not in models:
-            known = ", ".join(sorted(str(k) for k in models)) or "none"
-            problems.append("model '%s' (from %s or vllm_instances) is not in vllm_models (known: %s); add it there"
-                            % (key, variable, known))
-            continue
-        settings = models[key]
-        if not isinstance(settings, dict):
-            problems.append("%s must be a dict of settings, got %s" % (where, type(settings).__name__))
-            continue
-        repo_id = settings.get("repo_id")
-        if repo_id is None:
-            if settings.get("path"):
-                skipped.append({"key": key, "reason": "served from path %s, not fetched" % settings["path"]})
-            else:
-                problems.append("%s has neither repo_id nor path; give repo_id ('org/name') and revision" % where)
-            continue
-        why = repo_id_problem(repo_id)
-        if why:
-            problems.append("%s.repo_id %r is not of the form 'org/name': %s" % (where, repo_id, why))
-            continue
-        parts = repo_id.split("/")
-        revision = settings.get("revision")
-        allow_unpinned = _as_bool(settings.get("allow_unpinned", False), where + ".allow_unpinned", problems)
-        if not isinstance(revision, str) or not revision:
-            problems.append("%s.revision is missing; pin the commit sha (40 hex) the model was tested with" % where)
-            continue
-        pinned = SHA_RE.match(revision) is not None
-        if not pinned and not allow_unpinned:
-            problems.append("%s.revision %r is not a 40-hex commit sha; pin the commit, or set allow_unpinned: true "
-                            "to follow a branch or tag" % (where, revision))
-            continue
-        model_verify = settings.get("verify", verify)
-        if model_verify not in VERIFY_MODES:
-            problems.append("%s.verify is %r; use one of %s" % (where, model_verify, ", ".join(VERIFY_MODES)))
-            continue
-        allow = _patterns(settings.get("allow_patterns"), where, "allow_patterns", problems)
-        ignore = _patterns(settings.get("ignore_patterns"), where, "ignore_patterns", problems)
+        repo_id, revision = rec["repo_id"], rec["revision"]
+        org, name = repo_id.split("/")
+        model_verify = rec.get("verify") or verify
+        allow, ignore = rec.get("allow_patterns"), rec.get("ignore_patterns")
         item_id = "%s@%s" % (repo_id, revision)
-        if repo_id in by_repo:
-            other = by_repo[repo_id]
+        other = by_repo.get(repo_id)
+        if other is not None:
             if other["id"] != item_id:
                 problems.append("vllm_models['%s'] and vllm_models['%s'] both use %s, at revisions %s and %s; a host "
                                 "serves one revision of a repository (one current link): use one revision"
@@ -154,13 +66,52 @@ def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models"
                 other["model_keys"].append(key)
             continue
         dirs = snapshot_dirs(root, repo_id)
-        repo_dir = dirs["repo_dir"]
-        item = {"id": item_id, "model_keys": [key], "repo_id": repo_id, "org": parts[0], "name": parts[1],
-                "revision": revision, "pinned": pinned, "allow_unpinned": allow_unpinned,
+        item = {"id": item_id, "model_keys": [key], "repo_id": repo_id, "org": org, "name": name,
+                "revision": revision, "pinned": bool(SHA_RE.match(revision)), "allow_unpinned": rec["allow_unpinned"],
                 "allow_patterns": allow, "ignore_patterns": ignore, "verify": model_verify,
-                "repo_dir": repo_dir, "current": dirs["current"], "slug": "%s--%s" % (parts[0], parts[1])}
+                "repo_dir": dirs["repo_dir"], "current": dirs["current"], "slug": "%s--%s" % (org, name)}
         by_repo[repo_id] = item
         items.append(item)
+    return items, skipped, problems
+
+
+def wanted_models(models, keys, host=None, models_dir="/var/lib/inferops/models", verify="size",
+                  variable="vllm_weights_models"):
+    """The snapshots one host needs, for the weights role without a plan (with one, the plan's ``weights``).
+
+    Returns ``{"models": [item, ...], "skipped": [{"key", "reason"}, ...]}``. An item is
+    ``{id, model_keys, repo_id, org, name, revision, pinned, allow_unpinned, allow_patterns, ignore_patterns,
+    verify, repo_dir, current, slug}``; ``allow_patterns``/``ignore_patterns`` are None when the model
+    does not set them (the module's defaults apply). Two keys naming the same repository and revision
+    share one item; the same repository at two revisions on one host is an error (one ``current``
+    link per repository). The models named are checked by the inventory's one normalisation.
+    """
+    problems = []
+    if not isinstance(models, dict):
+        raise WeightsPlanError(["vllm_models must be a dict of model key -> settings, got %s" % type(models).__name__],
+                               host)
+    if isinstance(keys, str) or not isinstance(keys, (list, tuple)):
+        raise WeightsPlanError(["%s must be a list of keys of vllm_models, got %r" % (variable, keys)], host)
+    if verify not in VERIFY_MODES:
+        problems.append("vllm_weights_verify is %r; use one of %s" % (verify, ", ".join(VERIFY_MODES)))
+    root = (models_dir or "").rstrip("/")
+    if not root.startswith("/"):
+        problems.append("vllm_weights_models_dir %r must be an absolute path" % models_dir)
+    wanted = []
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            problems.append("%s holds %r; list keys of vllm_models" % (variable, key))
+        elif key not in models:
+            known = ", ".join(sorted(str(k) for k in models)) or "none"
+            problems.append("model '%s' (from %s or vllm_instances) is not in vllm_models (known: %s); add it there"
+                            % (key, variable, known))
+        elif key not in wanted:
+            wanted.append(key)
+    norm = normalise({k: models[k] for k in wanted}, [], models_dir=root or "/")
+    problems += norm["problems"]
+    if problems:
+        raise WeightsPlanError(problems, host)
+    items, skipped, problems = plan_items(norm["models"], wanted, root, verify)
     if problems:
         raise WeightsPlanError(problems, host)
     return {"models": items, "skipped": skipped}

@@ -1,7 +1,7 @@
 """inventories/example: every host class validates and plans on a host of its shape.
 
-The group_vars are read with ansible-inventory (the real merge), then checked with the same filters
-site.yml uses: vllm_inventory_problems, vllm_instances_resolved and gpu_plan.
+The group_vars are read with ansible-inventory (the real merge), then checked with what site.yml runs:
+the vllm_inventory_problems filter and the plan (build_plan, the vllm_plan filter's logic).
 """
 import json
 import os
@@ -10,11 +10,8 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import (
-    vllm_instances_resolved,
-    vllm_inventory_problems,
-)
-from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import plan
+from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_inventory_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, build_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 HOSTS = os.path.join(ROOT, "tests", "unit", "data", "hosts")
@@ -44,9 +41,9 @@ def test_gpu_hosts_plan_on_their_shape(hostvars, host, shape):
     with open(os.path.join(HOSTS, shape)) as fh:
         facts = json.load(fh)
     hv = hostvars[host]
-    instances = vllm_instances_resolved(hv["vllm_instances"], hv["vllm_models"])
-    result = plan(facts["gpus"], instances, facts.get("gpu_links"), host=host)
-    assert len(result) == len(instances)
+    inputs = {k: v for k, v in hv.items() if k in PLAN_INPUTS}
+    result = build_plan(hv["vllm_models"], hv["vllm_instances"], facts, inputs, host=host)["instances"]
+    assert len(result) == len(hv["vllm_instances"])
     if host.startswith("gpu-pcie"):
         # the seed case: two TP=4 instances, one per NUMA node
         assert [p["gpus"] for p in result] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -58,3 +55,6 @@ def test_gpu_hosts_plan_on_their_shape(hostvars, host, shape):
 def test_cpu_only_host_plans_without_gpus(hostvars):
     hv = hostvars["cpu-01.example.internal"]
     assert hv["vllm_preflight_gpu"] is False and hv["vllm_install_variant"] == "cpu"
+    inputs = {k: v for k, v in hv.items() if k in PLAN_INPUTS}
+    plan = build_plan(hv["vllm_models"], hv["vllm_instances"], {"online_cpus": "0-63"}, inputs, host="cpu-01")
+    assert plan["instances"] and all(i["gpus"] == [] for i in plan["instances"]) and plan["footprint"] is None

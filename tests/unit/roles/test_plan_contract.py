@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import vllm_plan
-from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_units
+from ansible_collections.inferops.vllm.plugins.filter.vllm_service_units import vllm_service_units
 from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi
 from ansible_collections.inferops.vllm.plugins.modules import gpu_footprint
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, PlanContractError, build_plan

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import vllm_plan
-from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_units
+from ansible_collections.inferops.vllm.plugins.filter.vllm_service_units import vllm_service_units
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PlanContractError, build_plan
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import format_table

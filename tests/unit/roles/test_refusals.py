@@ -33,7 +33,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import INSTANCE_KEYS, MODEL_KEYS, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import env_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import env_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import kind, plain, scrub, shown
 from test_plan_contract import ROOT, SHA, host_facts
 from test_plan_multinode import BIG, fleet_of, plan_of

@@ -20,7 +20,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, generate_ansible_template_vars, trust_as_template
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import vllm_plan
-from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_units
+from ansible_collections.inferops.vllm.plugins.filter.vllm_service_units import vllm_service_units
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import compress_ints
 from ansible.errors import AnsibleFilterError

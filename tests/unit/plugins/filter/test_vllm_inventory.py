@@ -1,12 +1,13 @@
 """Inventory checks: every problem names the host, the variable and the fix."""
-import pytest
-from ansible.errors import AnsibleFilterError
+import json
+import os
 
-from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import (
-    vllm_cpu_plan,
-    vllm_instances_resolved,
-    vllm_inventory_problems,
-)
+import pytest
+
+from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_inventory_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PlanContractError, build_plan
+
+HOSTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data", "hosts")
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 GOOD_MODELS = {"tiny": {"repo_id": "inferops/tiny-llama", "revision": SHA, "weights_bytes": 2_000_000,
@@ -43,21 +44,26 @@ def test_unpinned_branch_allowed_when_asked():
     assert vllm_inventory_problems(models, [], host="h") == []
 
 
-def test_resolved_instances_take_model_facts_without_overriding():
-    out = vllm_instances_resolved(
-        [{"name": "a", "model": "tiny"}, {"name": "b", "model": "tiny", "num_attention_heads": 8}], GOOD_MODELS)
-    assert out[0]["weights_bytes"] == 2_000_000 and out[0]["num_attention_heads"] == 4
-    assert out[1]["num_attention_heads"] == 8
-    assert "repo_id" not in out[0]
+def h200_8x():
+    with open(os.path.join(HOSTS, "h200-8x-nvlink.json")) as fh:
+        return json.load(fh)
 
 
-def test_resolved_rejects_wrong_types():
-    with pytest.raises(AnsibleFilterError):
-        vllm_instances_resolved({"a": 1}, GOOD_MODELS)
+def test_model_facts_reach_the_planner_and_an_instance_overrides_them():
+    """The model's num_attention_heads (4) refuses TP 8; an instance that says 8 heads is planned on 8 GPUs."""
+    with pytest.raises(PlanContractError) as err:
+        build_plan(GOOD_MODELS, [{"name": "a", "model": "tiny", "tensor_parallel_size": 8}], h200_8x(), host="h")
+    assert "num_attention_heads" in str(err.value) and "vllm_instances[0] 'a'" in str(err.value)
+    plan = build_plan(GOOD_MODELS, [{"name": "b", "model": "tiny", "tensor_parallel_size": 8,
+                                     "num_attention_heads": 8}], h200_8x(), host="h")
+    assert plan["instances"][0]["gpus"] == list(range(8))
 
 
-def test_cpu_plan_assigns_free_ports_and_no_gpus():
-    plan = vllm_cpu_plan([{"name": "a", "model": "tiny"}, {"name": "b", "model": "tiny", "port": 8000}])
-    assert [p["port"] for p in plan] == [8001, 8000]
-    assert all(p["gpus"] == [] and p["expected"] == [] and p["cuda_visible_devices"] == "" for p in plan)
-    assert plan[0]["unit"] == "vllm-a.service" and plan[0]["model"] == "tiny"
+def test_a_host_without_gpus_gets_free_ports_and_no_gpus():
+    plan = build_plan(GOOD_MODELS, [{"name": "a", "model": "tiny"}, {"name": "b", "model": "tiny", "port": 8000}],
+                      {"online_cpus": "0-3"}, {"vllm_preflight_gpu": False}, host="cpu1")
+    inst = plan["instances"]
+    assert [i["port"] for i in inst] == [8001, 8000]
+    assert all(i["gpus"] == [] and i["expected"] == [] and i["cuda_visible_devices"] == "" for i in inst)
+    assert inst[0]["unit"] == "vllm-a.service" and inst[0]["model"]["key"] == "tiny"
+    assert plan["footprint"] is None

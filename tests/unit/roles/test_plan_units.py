@@ -1,33 +1,33 @@
-"""The vllm_service_specs filter: what each instance's unit says, and what it refuses.
+"""The plan's units: what each instance's argv and environment say, and what the plan refuses.
 
-Table-driven cases in tests/unit/data/vllm_service_specs_cases.yml (plans from the real planner
-over recorded host facts), plus hypothesis properties for the quoting that carries arguments and
-environment values through a unit file unchanged.
+Table-driven cases in tests/unit/data/plan_units_cases.yml, each through ``build_plan`` (the one entry
+point: the inventory normalised once, placed on recorded host facts, then the units), plus hypothesis
+properties for the quoting that carries arguments and environment values through a unit file unchanged.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 
 import pytest
 import yaml
-from ansible.errors import AnsibleFilterError
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.vllm.plugins.filter.vllm_service_specs import vllm_service_specs
-from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import plan as gpu_plan
+from ansible_collections.inferops.vllm.plugins.filter.vllm_service_units import vllm_service_units
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PlanContractError, build_plan
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import (
-    check_extra_args,
-    parse_extra_args,
     rank_cpu_sets,
     systemd_env_assignment,
     systemd_quote,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import check_extra_args, parse_extra_args
 from systemd_unit import split_exec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-with open(os.path.join(ROOT, "tests", "unit", "data", "vllm_service_specs_cases.yml")) as fh:
+with open(os.path.join(ROOT, "tests", "unit", "data", "plan_units_cases.yml")) as fh:
     CASES = yaml.safe_load(fh)["cases"]
+SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 def host_facts(name):
@@ -35,11 +35,17 @@ def host_facts(name):
         return json.load(fh)
 
 
-def build_plan(case):
-    if "plan" in case:
-        return case["plan"]
-    facts = host_facts(case["host"])
-    return gpu_plan(facts["gpus"], case["instances"], facts["gpu_links"], host=case["host"])
+def plan_of(case):
+    """The case through build_plan: its models (pinned where they give no revision), instances, facts, inputs."""
+    models = copy.deepcopy(case["models"])
+    for model in models.values():
+        if isinstance(model, dict) and "repo_id" in model and "revision" not in model:
+            model["revision"] = SHA
+    facts = dict(host_facts(case["host"]) if "host" in case else {}, **case.get("facts", {}))
+    inputs = dict(case.get("inputs", {}))
+    if "host" not in case:
+        inputs.setdefault("vllm_preflight_gpu", False)
+    return build_plan(models, case["instances"], facts, inputs, host="h")
 
 
 def per_instance(value, names):
@@ -54,51 +60,54 @@ def groups_in(argv, group):
     return any(argv[i:i + n] == group for i in range(len(argv) - n + 1))
 
 
+def check_refusal(case, expect):
+    with pytest.raises(PlanContractError) as err:
+        plan_of(case)
+    text = str(err.value)
+    for needle in expect["error"]:
+        assert needle in text, (needle, text)
+    for needle in expect.get("never", []):
+        assert needle not in text
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_case(case):
     expect = case["expect"]
-    plan = build_plan(case)
     if "error" in expect:
-        with pytest.raises(AnsibleFilterError) as err:
-            vllm_service_specs(plan, case["models"], **case.get("options", {}))
-        text = str(err.value)
-        for needle in expect["error"]:
-            assert needle in text, (needle, text)
-        for needle in expect.get("never", []):
-            assert needle not in text
+        check_refusal(case, expect)
         return
-    result = vllm_service_specs(plan, case["models"], **case.get("options", {}))
-    specs = {s["name"]: s for s in result["instances"]}
-    names = list(specs)
-    assert names == [e["name"] for e in plan]
+    plan = plan_of(case)
+    units = {u["name"]: u for u in vllm_service_units(plan["instances"])}
+    names = list(units)
+    assert names == [i["name"] for i in case["instances"]]
     for name, groups in per_instance(expect.get("argv_has", {}), names).items():
         for group in groups:
-            assert groups_in(specs[name]["argv"], group), (name, group, specs[name]["argv"])
+            assert groups_in(units[name]["argv"], group), (name, group, units[name]["argv"])
     for name, flags in per_instance(expect.get("argv_lacks", {}), names).items():
         for flag in flags:
-            assert flag not in specs[name]["argv"], (name, flag)
+            assert flag not in units[name]["argv"], (name, flag)
     for name, env in per_instance(expect.get("env", {}), names).items():
-        have = dict(specs[name]["environment"])
+        have = dict(units[name]["environment"])
         for key, value in env.items():
             assert have.get(key) == value, (name, key, have.get(key))
     for name, keys in per_instance(expect.get("env_lacks", {}), names).items():
-        assert not set(keys) & set(dict(specs[name]["environment"])), name
-    for key in ("numa_mode", "cpu_affinity", "connect_host"):
+        assert not set(keys) & set(dict(units[name]["environment"])), name
+    for key in ("numa_mode", "cpu_affinity", "connect_host", "unit"):
         if key in expect:
             for name, value in per_instance(expect[key], names).items():
-                assert specs[name][key] == value, (name, key)
+                assert units[name][key] == value, (name, key)
     if "argv_prefix" in expect:
-        for spec in specs.values():
-            assert spec["argv"][:len(expect["argv_prefix"])] == expect["argv_prefix"]
+        for unit in units.values():
+            assert unit["argv"][:len(expect["argv_prefix"])] == expect["argv_prefix"]
     if "warnings" in expect:
-        assert len(result["warnings"]) == len(expect["warnings"]), result["warnings"]
-        for got, want in zip(result["warnings"], expect["warnings"]):
+        assert len(plan["warnings"]) == len(expect["warnings"]), plan["warnings"]
+        for got, want in zip(plan["warnings"], expect["warnings"]):
             assert want in got
-    for spec in specs.values():
-        # every spec's unit lines carry exactly its argv and environment
-        assert split_exec(" ".join(spec["exec_start"])) == spec["argv"]
-        env_back = [split_exec(line, dollars=False)[0].split("=", 1) for line in spec["environment_lines"]]
-        assert env_back == spec["environment"]
+    for unit in units.values():
+        # every unit's lines carry exactly its argv and environment
+        assert split_exec(" ".join(unit["exec_start"])) == unit["argv"]
+        env_back = [split_exec(line, dollars=False)[0].split("=", 1) for line in unit["environment_lines"]]
+        assert env_back == [list(pair) for pair in unit["environment"]]
 
 
 def test_every_case_id_is_unique():
@@ -108,10 +117,12 @@ def test_every_case_id_is_unique():
 
 def test_input_is_not_changed():
     case = CASES[0]
-    plan = build_plan(case)
-    before = json.dumps([plan, case["models"]], sort_keys=True)
-    vllm_service_specs(plan, case["models"], **case.get("options", {}))
-    assert json.dumps([plan, case["models"]], sort_keys=True) == before
+    models, instances = copy.deepcopy(case["models"]), copy.deepcopy(case["instances"])
+    for model in models.values():
+        model["revision"] = SHA
+    before = json.dumps([models, instances], sort_keys=True)
+    build_plan(models, instances, host_facts(case["host"]), host="h")
+    assert json.dumps([models, instances], sort_keys=True) == before
 
 
 # --------------------------------------------------------------------------- properties
