@@ -99,6 +99,18 @@ PLAN_INPUTS = {
     "vllm_frontdoor_bind_address": ("frontdoor_bind_address", "",
                                     "Address the front doors (C(frontdoor_port) of C(vllm_models)) listen on; "
                                     "empty: C(vllm_service_host)."),
+    "vllm_frontdoor_unit": ("frontdoor_unit", "inferops-vllm-frontdoor.service",
+                            "Unit of the host's front door (HAProxy); its runtime API socket is "
+                            "C(/run/<unit name without .service>/admin.sock) (the plan's C(frontdoor_runtime))."),
+    "vllm_frontdoor_drain": ("frontdoor_drain", True,
+                             "Drain an instance at its front door before it stops or restarts, and put it back after "
+                             "its gate (the service role's restart queue reads C(frontdoor_runtime))."),
+    "vllm_frontdoor_drain_timeout": ("frontdoor_drain_timeout", 300,
+                                     "Most seconds a drain waits for the instance's running and waiting requests "
+                                     "to finish; past it the restart goes on, with a warning."),
+    "vllm_frontdoor_ready_timeout": ("frontdoor_ready_timeout", 60,
+                                     "Most seconds to wait after a put-back until HAProxy's checks see the instance "
+                                     "C(UP); past it the run fails."),
     "vllm_frontdoor_metrics_port": ("frontdoor_metrics_port", 9101,
                                     "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, "
                                     "C(/metrics); one per host with a front door, on C(vllm_frontdoor_bind_address)); "
@@ -148,6 +160,8 @@ _RANGES = {
     "vllm_service_vllm_port_stride": (1, 65535, "a number of ports", ()),
     "vllm_service_idle_max_mib": (0, 1 << 30, "a number of MiB", ()),
     "vllm_preflight_min_systemd_version": (1, 100000, "a systemd version number such as 243", ()),
+    "vllm_frontdoor_drain_timeout": (1, 86400, "a number of seconds", ()),
+    "vllm_frontdoor_ready_timeout": (1, 86400, "a number of seconds", ()),
 }
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
@@ -224,6 +238,8 @@ def input_problems(inputs):
             problems.extend(p for p in [address_problem(variable, value)] if p)
         elif variable == "vllm_frontdoor_bind_address":
             problems.extend(p for p in [address_problem(variable, value, allow_empty=True)] if p)
+        elif variable == "vllm_frontdoor_unit" and not re.fullmatch(r"[A-Za-z0-9_.@:-]+[.]service", value):
+            problems.append(f"{said}; use a systemd service name such as inferops-vllm-frontdoor.service")
         elif variable == "vllm_service_unit_prefix" and not _UNIT_PREFIX_RE.match(value):
             problems.append(f"{said}; use characters valid in a systemd unit name (letters, digits, '_.@:-'), "
                             "e.g. 'vllm-'")
@@ -397,6 +413,15 @@ def _instances(placed, specs, records, models):
     return out, shared
 
 
+def _frontdoor_runtime(opts):
+    """The host's front door unit, its runtime API socket (under the unit's RuntimeDirectory=) and drain settings."""
+    unit = opts["frontdoor_unit"]
+    stem = unit[:-len(".service")]
+    return {"unit": unit, "runtime_dir": f"/run/{stem}", "socket": f"/run/{stem}/admin.sock",
+            "drain": bool(opts["frontdoor_drain"]), "drain_timeout": int(opts["frontdoor_drain_timeout"]),
+            "ready_timeout": int(opts["frontdoor_ready_timeout"])}
+
+
 def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
     """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
 
@@ -467,6 +492,9 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "footprint": footprint if gpu else None,
         "frontdoors": frontdoors,
         "frontdoor_metrics": frontdoor_metrics,
+        # the front door's runtime API and drain settings: the front door role and the service role's restart
+        # queue (which drains and puts back with the frontdoor_server module) read them here, both
+        "frontdoor_runtime": _frontdoor_runtime(opts),
         # what the weights role fetches (one item per snapshot) and where; models served from a path are skipped
         "weights": {"models": weights, "skipped": skipped},
         # who the instances run as and who owns their weights (the service and weights roles read it)

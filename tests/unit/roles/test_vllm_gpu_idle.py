@@ -106,6 +106,6 @@ def test_the_unit_pinning_does_not_narrow_the_check(monkeypatch):
             returncode, stdout, stderr = 0, "", ""
         return Done()
 
-    monkeypatch.setattr(IDLE.subprocess, "run", fake_run)
+    monkeypatch.setattr(IDLE.host_runner.subprocess, "run", fake_run)
     IDLE._Runner().run_command(["nvidia-smi"], environ_update={"LC_ALL": "C"})
     assert "CUDA_VISIBLE_DEVICES" not in seen and seen["LC_ALL"] == "C"

@@ -436,6 +436,106 @@ def test_the_front_door_passes_the_api_key_through(host):
     assert completion(host, port, SECRETS[0])[0] == 200
 
 
+CLIENT = r"""
+import json, sys, time, urllib.request
+port, key, seconds, out = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4]
+body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 3}).encode()
+end = time.time() + seconds
+with open(out, "w", buffering=1) as log:
+    while time.time() < end:
+        start = time.time()
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, data=body, headers={
+            "Content-Type": "application/json", "Authorization": "Bearer " + key})
+        try:
+            with urllib.request.urlopen(req, timeout=20) as resp:
+                ok, who = resp.status == 200, resp.headers.get("X-Inferops-Instance", "")
+        except Exception as exc:
+            ok, who = False, type(exc).__name__
+        log.write(json.dumps({"t": start, "s": time.time() - start, "ok": ok, "by": who}) + "\n")
+        time.sleep(max(0.0, 1.0 - (time.time() - start)))
+"""
+
+
+def engine_core_pid(host, unit):
+    """The VLLM::EngineCore process of a unit (found through /proc/<pid>/cgroup, which names the unit)."""
+    out = host.check_output("for p in $(pgrep -f 'VLLM::EngineCore'); do grep -q '/%s$' /proc/$p/cgroup "
+                            "&& echo $p; done; true" % unit)
+    pids = out.split()
+    assert len(pids) == 1, (unit, out)
+    return int(pids[0])
+
+
+def watchdog_journal(host, since):
+    return host.check_output(f"journalctl -u inferops-vllm-watchdog.service -o short-unix --no-pager --since @{since:.0f}")
+
+
+def test_the_watchdog_heals_a_frozen_engine_without_a_playbook_run(host, plan):
+    """issue 26: SIGSTOP on alpha's EngineCore (its /health stays 200) under a sparse client loop through the front
+    door (1 request/s): the watchdog's one-token probe fails, it kills and restarts alpha behind its gate, with no
+    playbook run. Prints seconds to detection and to serving again, and the failed requests."""
+    a = plan[0]
+    port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
+    assert host.run("systemctl is-active inferops-vllm-watchdog.timer").stdout.strip() == "active"
+    host.run("systemctl stop wd-client.service; systemctl reset-failed wd-client.service")
+    host.run("mkdir -p /root/wd && cat > /root/wd/client.py <<'PY'\n" + CLIENT + "\nPY")
+    assert host.run(f"systemd-run --unit wd-client python3 /root/wd/client.py {port} {SECRETS[0]} 240 "
+                    "/root/wd/client.jsonl").rc == 0
+    host.run("sleep 10")
+    pid = engine_core_pid(host, a["unit"])
+    t0 = float(host.check_output("date +%s.%N"))
+    host.run(f"kill -STOP {pid}")
+    assert host.run(f"curl -s -o /dev/null -w '%{{http_code}}' {a['url']}/health").stdout == "200"  # the blind spot
+    healing = serving = None
+    deadline = time.time() + 240
+    while time.time() < deadline and serving is None:
+        host.run("sleep 3")
+        for line in watchdog_journal(host, t0).splitlines():
+            stamp = line.split(" ", 1)[0]
+            if healing is None and f"{a['unit']}: healing" in line:
+                healing = float(stamp)
+            if healing is not None and f"{a['unit']}: serving again" in line:
+                serving = float(stamp)
+    journal = watchdog_journal(host, t0)
+    host.run("systemctl stop wd-client.service")
+    rows = [json.loads(line) for line in host.check_output("cat /root/wd/client.jsonl").splitlines() if line]
+    failed = [r for r in rows if not r["ok"]]
+    when = ", ".join("%.1f s" % (r["t"] - t0) for r in failed)
+    print(f"watchdog: engine of {a['name']} frozen at t=0; healing started at t={(healing or 0) - t0:.1f} s; "
+          f"serving again at t={(serving or 0) - t0:.1f} s; client: {len(rows)} requests, {len(failed)} failed "
+          f"(sent at {when or '-'})")
+    assert healing is not None, journal
+    assert serving is not None, journal
+    assert host.run(f"kill -0 {pid}").rc != 0  # the frozen engine is gone, not resumed
+    code, text = completion(host, a["port"], SECRETS[0])
+    assert code == 200, text
+    prom = host.check_output(f"cat {VARS.get('vllm_service_watchdog_textfile_dir', '/var/lib/prometheus/node-exporter')}"
+                             "/inferops_vllm.prom")
+    assert f'inferops_watchdog_heals_total{{unit="{a["unit"]}",vllm_instance="{a["name"]}"}} 1' in prom, prom
+    # the only failed requests are those sent while the engine was frozen (before it served again)
+    assert all(t0 - 1 <= r["t"] <= serving for r in failed), failed
+    assert rows and rows[-1]["ok"], rows[-3:]
+    for secret in SECRETS:
+        assert secret not in journal
+
+
+def test_every_metric_the_shipped_rules_read_is_in_a_live_scrape(host, host_plan, plan):
+    """issue 26: the rules the collection ships (roles/vllm_service/files/prometheus) read only metrics that the
+    pinned vLLM, the front door's HAProxy exporter and the watchdog's textfile really export, scraped live here
+    (a GPU exporter's Xid metric is the one exception: no GPU exporter runs on a simulated node)."""
+    sys.path.insert(0, os.path.join(PROJECT, "tools"))
+    import rule_metrics  # pylint: disable=import-outside-toplevel
+    wanted = rule_metrics.metric_names(os.path.join(PROJECT, "roles", "vllm_service", "files", "prometheus",
+                                                    "inferops-vllm-rules.yml"))
+    scraped = set()
+    for inst in plan:
+        scraped |= rule_metrics.scraped_names(host.check_output(f"curl -sf {inst['url']}/metrics"))
+    scraped |= rule_metrics.scraped_names(host.check_output(f"curl -sf {host_plan['frontdoor_metrics']['url']}"))
+    textfile = VARS.get("vllm_service_watchdog_textfile_dir", "/var/lib/prometheus/node-exporter") + "/inferops_vllm.prom"
+    scraped |= rule_metrics.scraped_names(host.check_output(f"cat {textfile}"))
+    missing = sorted(wanted - scraped - {"up", "DCGM_FI_DEV_XID_ERRORS"})
+    assert not missing, f"the shipped rules read metrics nothing exports: {missing}"
+
+
 def test_verify_fails_when_the_front_door_does_not_send_requests_to_an_instance(host, plan, tmp_path):
     """An instance put in maintenance at the front door (by hand, or left drained by an interrupted restart) is
     healthy on its own port, but gets no request: vllm_verify names it and its state; back in, verify passes."""
@@ -832,8 +932,52 @@ def test_a_stray_process_on_a_planned_gpu_stops_the_start(host, plan):
         assert "unit stray-hold.service" in out
         assert show(host, b, "ActiveState") != "active"
         assert show(host, b, "ExecMainPID") in ("0", "")  # never got past ExecStartPre
+        footprint_alert_fires(host)
     finally:
-        host.run("systemctl stop stray-hold.service")
+        host.run("systemctl stop stray-hold.service textfile-http.service")
+
+
+def footprint_alert_fires(host):
+    """issue 26: with the stray's memory on a planned GPU, the watchdog exports inferops_footprint_ok 0, and a real
+    Prometheus (Debian's, in the test host's network namespace) evaluating the shipped rules fires
+    InferopsVllmFootprintDrift after its `for: 1m`. The textfile is served by a plain HTTP server here (the role does
+    not install node_exporter); Prometheus reads it as node_exporter's textfile collector would export it."""
+    textfile_dir = VARS.get("vllm_service_watchdog_textfile_dir", "/var/lib/prometheus/node-exporter")
+    for _attempt in range(30):
+        if "inferops_footprint_ok 0" in host.run(f"cat {textfile_dir}/inferops_vllm.prom").stdout:
+            break
+        host.run("sleep 1")
+    assert "inferops_footprint_ok 0" in host.check_output(f"cat {textfile_dir}/inferops_vllm.prom")
+    journal = host.check_output("journalctl -u inferops-vllm-watchdog.service --no-pager -n 50")
+    assert "footprint:" in journal and "(reported, not healed)" in journal
+    assert host.run(f"systemd-run --unit textfile-http python3 -m http.server 19100 --bind 127.0.0.1 "
+                    f"--directory {textfile_dir}").rc == 0
+    pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", HOST], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    rules = os.path.join(PROJECT, "roles", "vllm_service", "files", "prometheus", "inferops-vllm-rules.yml")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = os.path.join(tmp, "prometheus.yml")
+        with open(config, "w") as fh:
+            yaml.safe_dump({"global": {"scrape_interval": "2s", "evaluation_interval": "2s"}, "rule_files": [rules],
+                            "scrape_configs": [{"job_name": "node", "metrics_path": "/inferops_vllm.prom",
+                                                "static_configs": [{"targets": ["127.0.0.1:19100"]}]}]}, fh)
+        prom = subprocess.Popen(["nsenter", "-t", pid, "-n", "prometheus", f"--config.file={config}",
+                                 f"--storage.tsdb.path={tmp}/data", "--web.listen-address=127.0.0.1:19091"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            start, state = time.time(), ""
+            while time.time() - start < 150 and state != "firing":
+                host.run("sleep 3")
+                out = host.run("curl -sf --get --data-urlencode 'query=ALERTS{alertname=\"InferopsVllmFootprintDrift\"}' "
+                               "http://127.0.0.1:19091/api/v1/query")
+                if out.rc == 0:
+                    result = json.loads(out.stdout)["data"]["result"]
+                    state = result[0]["metric"]["alertstate"] if result else ""
+            print(f"footprint alert: {state or 'not seen'} {time.time() - start:.0f} s after Prometheus started")
+            assert state == "firing"
+        finally:
+            prom.terminate()
+            prom.wait(timeout=30)
 
 
 def test_removing_an_instance_prunes_it(host, plan):
