@@ -71,6 +71,18 @@ PLAN_INPUTS = {
     "vllm_install_user": ("user", "vllm", "User the instances run as and the weights belong to (C(run_as); the install "
                                           "role creates it)."),
     "vllm_install_group": ("group", "vllm", "Group of that user (C(run_as))."),
+    "vllm_install_python": ("python", "/usr/bin/python3",
+                            "Interpreter the tools venvs are made from (C(installer); the install role makes its venv "
+                            "from it too)."),
+    "vllm_install_tools_dir": ("tools_dir", "/opt/inferops/tools", "Directory of the roles' tools (C(installer))."),
+    "vllm_install_index_url": ("index_url", "", "Package index replacing PyPI, for every role that installs "
+                                                "packages (C(installer)); \"\" = the installer's default."),
+    "vllm_install_extra_index_url": ("extra_index_url", "", "One more package index (C(installer))."),
+    "vllm_install_find_links": ("find_links", [], "Local directories or URLs with wheels (C(installer))."),
+    "vllm_install_ca_bundle": ("ca_bundle", "", "CA bundle for HTTPS to the index (C(installer)); \"\" = the "
+                                               "system's."),
+    "vllm_install_pip_cache_dir": ("pip_cache_dir", "/var/cache/inferops/pip",
+                                   "pip's cache on the host, root only (C(installer))."),
     "vllm_install_models_dir": ("models_dir", "/var/lib/inferops/models",
                                 "Root of the model layout C(<models_dir>/<org>/<name>/current)."),
     "vllm_service_host": ("host", "127.0.0.1", "Address every instance binds to (C(--host))."),
@@ -153,7 +165,10 @@ class PlanContractError(ValueError):
 #: the install role's own check names its variants (vllm_install__variants), and the unit specs refuse others.
 _CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore"), "vllm_weights_verify": VERIFY_MODES}
 _PATHS = ("vllm_install_prefix", "vllm_install_models_dir", "vllm_service_numactl", "vllm_service_cache_dir",
-          "vllm_service_config_dir", "vllm_service_tmp_dir")
+          "vllm_service_config_dir", "vllm_service_tmp_dir", "vllm_install_python", "vllm_install_tools_dir",
+          "vllm_install_pip_cache_dir", "vllm_install_ca_bundle")
+#: Paths that may also be empty ("": the default behaviour).
+_EMPTY_OK = ("vllm_service_tmp_dir", "vllm_install_ca_bundle")
 #: Integer plan inputs: (lowest, highest, what, extra values allowed).
 _RANGES = {
     "vllm_service_vllm_port_base": (LOWEST_PORT, 65535, "a TCP port number", ()),
@@ -221,6 +236,9 @@ def input_problems(inputs):
                 problems.append(f"{said}; use {what} from {low} to {high}"
                                 + (" (the vLLM units run without capabilities, so no port below 1024)"
                                    if low == LOWEST_PORT else ""))
+        elif isinstance(default, list):
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                problems.append(f"{said} ({kind(value)}); use a list of directories or URLs, e.g. [/opt/wheels]")
         elif isinstance(default, dict):
             if variable == "vllm_preflight_plan_options":
                 problems.extend(_option_problems(value))
@@ -231,8 +249,7 @@ def input_problems(inputs):
                             + (f": one of {', '.join(_CHOICES[variable])}" if variable in _CHOICES else ""))
         elif variable in _CHOICES and value not in _CHOICES[variable]:
             problems.append(f"{said}; use one of {', '.join(_CHOICES[variable])}")
-        elif variable in _PATHS and not value.startswith("/") and not (
-                variable == "vllm_service_tmp_dir" and value == ""):
+        elif variable in _PATHS and not value.startswith("/") and not (variable in _EMPTY_OK and value == ""):
             problems.append(f"{said}; use an absolute path (starting with /)")
         elif variable == "vllm_service_host":
             problems.extend(p for p in [address_problem(variable, value)] if p)
@@ -499,6 +516,11 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "weights": {"models": weights, "skipped": skipped},
         # who the instances run as and who owns their weights (the service and weights roles read it)
         "run_as": {"user": opts["user"], "group": opts["group"]},
+        # how the roles install packages on the host (the install role's inputs; the weights role's tools venv
+        # uses the same): no environment here, it may carry proxy credentials and the plan is printed
+        "installer": {k: list(opts[k]) if k == "find_links" else opts[k]
+                      for k in ("python", "tools_dir", "index_url", "extra_index_url", "find_links", "ca_bundle",
+                                "pip_cache_dir")},
         "paths": {"venv": venv, "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
                   "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},
