@@ -1,9 +1,10 @@
 # Apache License 2.0 (see LICENSE)
-"""The metric names a Prometheus rules file reads, and whether a scrape has them.
+"""The metric names a Prometheus rules file or a Grafana dashboard reads, and whether a scrape has them.
 
 ``metric_names(path)`` parses every ``expr`` of the rules file and returns the metric names it selects
 (not functions, keywords, label names, durations or strings; the file's own recording rules are left
-out, as the file defines them). ``scraped_names(text)`` are the sample names of a Prometheus text
+out, as the file defines them). ``recorded_names(path)`` are those recording rules;
+``dashboard_names(path)`` the metrics a dashboard's panels and variables query. ``scraped_names(text)`` are the sample names of a Prometheus text
 exposition. Used by tests/unit/roles/test_prometheus_rules.py (captured scrapes) and the vllm_service
 Molecule scenario (a live scrape of the pinned vLLM, HAProxy's exporter and the watchdog's textfile):
 a rule on a metric that was renamed or removed fails there, not silently in production.
@@ -12,6 +13,7 @@ a rule on a metric that was renamed or removed fails there, not silently in prod
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -61,6 +63,30 @@ def metric_names(path):
     return read - recorded
 
 
+def recorded_names(path):
+    """The series the recording rules of ``path`` write."""
+    with open(path) as fh:
+        doc = yaml.safe_load(fh)
+    return {rule["record"] for group in doc["groups"] for rule in group["rules"] if "record" in rule}
+
+
+def dashboard_names(path):
+    """Every metric name the panels (``targets[].expr``) and query variables (``label_values(<metric>, ...)``) of a
+    Grafana dashboard read."""
+    with open(path) as fh:
+        dash = json.load(fh)
+    names = set()
+    for panel in dash.get("panels", []):
+        for target in panel.get("targets", []):
+            names |= expr_names(target.get("expr", ""))
+    for var in dash.get("templating", {}).get("list", []):
+        query = var.get("query") if var.get("type") == "query" else None
+        match = re.match(r"\s*label_values\(\s*([A-Za-z_:][A-Za-z0-9_:]*)", str(query or ""))
+        if match:
+            names.add(match.group(1))
+    return names
+
+
 def scraped_names(text):
     """Sample names of a Prometheus text exposition (``name{...} value`` and ``name value`` lines)."""
     return {m.group(0) for line in text.splitlines() if line and not line.startswith("#")
@@ -68,5 +94,5 @@ def scraped_names(text):
 
 
 if __name__ == "__main__":
-    for name in sorted(metric_names(sys.argv[1])):
+    for name in sorted(dashboard_names(sys.argv[1]) if sys.argv[1].endswith(".json") else metric_names(sys.argv[1])):
         print(name)

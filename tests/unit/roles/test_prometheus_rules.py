@@ -28,6 +28,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import bui
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RULES = os.path.join(ROOT, "roles", "vllm_service", "files", "prometheus", "inferops-vllm-rules.yml")
+DASHBOARD = os.path.join(ROOT, "roles", "vllm_service", "files", "grafana", "inferops-vllm-fleet.json")
 RULE_TESTS = os.path.join(ROOT, "tests", "prometheus", "inferops-vllm-rules.test.yml")
 SCRIPT = os.path.join(ROOT, "roles", "vllm_service", "files", "inferops-vllm-watchdog")
 METRICS = os.path.join(ROOT, "tests", "fixtures", "metrics")
@@ -93,6 +94,18 @@ def test_every_metric_a_rule_reads_is_in_a_scrape():
     assert not missing, f"rules read metrics no captured scrape has (renamed or removed?): {missing}"
     # and the check can fail: a name vLLM removed in v1 is not in the capture
     assert "vllm:gpu_cache_usage_perc" not in scraped
+
+
+def test_every_metric_the_dashboard_reads_is_in_a_scrape_or_recorded_by_the_rules():
+    scraped = set()
+    for name in sorted(os.listdir(METRICS)):
+        with open(os.path.join(METRICS, name)) as fh:
+            scraped |= rule_metrics.scraped_names(fh.read())
+    scraped |= rule_metrics.scraped_names(watchdog_textfile())
+    wanted = rule_metrics.dashboard_names(DASHBOARD)
+    assert len(wanted) >= 10
+    missing = sorted(wanted - scraped - rule_metrics.recorded_names(RULES))
+    assert not missing, f"the dashboard queries metrics nothing exports: {missing}"
 
 
 def test_the_names_of_an_expression():

@@ -533,7 +533,8 @@ def test_the_watchdog_heals_a_frozen_engine_without_a_playbook_run(host, plan):
 
 
 def test_every_metric_the_shipped_rules_read_is_in_a_live_scrape(host, host_plan, plan):
-    """issue 26: the rules the collection ships (roles/vllm_service/files/prometheus) read only metrics that the
+    """issue 26: the rules and the dashboard the collection ships (roles/vllm_service/files/prometheus, grafana) read
+    only metrics (or the rules' recorded series) that the
     pinned vLLM, the front door's HAProxy exporter and the watchdog's textfile really export, scraped live here
     (a GPU exporter's Xid metric is the one exception: no GPU exporter runs on a simulated node)."""
     sys.path.insert(0, os.path.join(PROJECT, "tools"))
@@ -548,6 +549,10 @@ def test_every_metric_the_shipped_rules_read_is_in_a_live_scrape(host, host_plan
     scraped |= rule_metrics.scraped_names(host.check_output(f"cat {textfile}"))
     missing = sorted(wanted - scraped - {"up", "DCGM_FI_DEV_XID_ERRORS"})
     assert not missing, f"the shipped rules read metrics nothing exports: {missing}"
+    rules = os.path.join(PROJECT, "roles", "vllm_service", "files", "prometheus", "inferops-vllm-rules.yml")
+    dashboard = os.path.join(PROJECT, "roles", "vllm_service", "files", "grafana", "inferops-vllm-fleet.json")
+    missing = sorted(rule_metrics.dashboard_names(dashboard) - scraped - rule_metrics.recorded_names(rules))
+    assert not missing, f"the shipped dashboard queries metrics nothing exports: {missing}"
 
 
 def test_verify_fails_when_the_front_door_does_not_send_requests_to_an_instance(host, plan, tmp_path):
