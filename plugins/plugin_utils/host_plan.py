@@ -75,12 +75,13 @@ PLAN_INPUTS = {
                             "Interpreter the tools venvs are made from (C(installer); the install role makes its venv "
                             "from it too)."),
     "vllm_install_tools_dir": ("tools_dir", "/opt/inferops/tools", "Directory of the roles' tools (C(installer))."),
-    "vllm_install_index_url": ("index_url", "", "Package index replacing PyPI, for every role that installs "
-                                                "packages (C(installer)); \"\" = the installer's default."),
+    "vllm_install_index_url": ("index_url", "",
+                               "Package index replacing PyPI, for every role that installs packages (C(installer)); "
+                               "\"\" = the installer's default."),
     "vllm_install_extra_index_url": ("extra_index_url", "", "One more package index (C(installer))."),
     "vllm_install_find_links": ("find_links", [], "Local directories or URLs with wheels (C(installer))."),
-    "vllm_install_ca_bundle": ("ca_bundle", "", "CA bundle for HTTPS to the index (C(installer)); \"\" = the "
-                                               "system's."),
+    "vllm_install_ca_bundle": ("ca_bundle", "",
+                               "CA bundle for HTTPS to the index (C(installer)); \"\" = the system's."),
     "vllm_install_pip_cache_dir": ("pip_cache_dir", "/var/cache/inferops/pip",
                                    "pip's cache on the host, root only (C(installer))."),
     "vllm_install_models_dir": ("models_dir", "/var/lib/inferops/models",
