@@ -83,12 +83,17 @@ def test_promtool_checks_the_rules_and_runs_their_tests():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_every_metric_a_rule_reads_is_in_a_scrape():
+def scraped_here():
+    """Sample names of the captured scrapes (tests/fixtures/metrics) and of the watchdog's real textfile."""
     scraped = set()
     for name in sorted(os.listdir(METRICS)):
         with open(os.path.join(METRICS, name)) as fh:
             scraped |= rule_metrics.scraped_names(fh.read())
-    scraped |= rule_metrics.scraped_names(watchdog_textfile())
+    return scraped | rule_metrics.scraped_names(watchdog_textfile())
+
+
+def test_every_metric_a_rule_reads_is_in_a_scrape():
+    scraped = scraped_here()
     wanted = rule_metrics.metric_names(RULES)
     missing = sorted(wanted - scraped - EXTERNAL - {"up"})
     assert not missing, f"rules read metrics no captured scrape has (renamed or removed?): {missing}"
@@ -97,11 +102,7 @@ def test_every_metric_a_rule_reads_is_in_a_scrape():
 
 
 def test_every_metric_the_dashboard_reads_is_in_a_scrape_or_recorded_by_the_rules():
-    scraped = set()
-    for name in sorted(os.listdir(METRICS)):
-        with open(os.path.join(METRICS, name)) as fh:
-            scraped |= rule_metrics.scraped_names(fh.read())
-    scraped |= rule_metrics.scraped_names(watchdog_textfile())
+    scraped = scraped_here()
     wanted = rule_metrics.dashboard_names(DASHBOARD)
     assert len(wanted) >= 10
     missing = sorted(wanted - scraped - rule_metrics.recorded_names(RULES))
@@ -196,6 +197,8 @@ def test_a_hung_instance_is_healed_only_after_it_served_and_failed_twice(monkeyp
     args = WATCHDOG.parse_args(["--fail-after", "1", "--max-heals", "1"])
     monkeypatch.setattr(WATCHDOG, "probe", lambda inst, timeout: (False, 0.1, "timed out"))
     assert WATCHDOG.check_instance(inst, state, args, 1)["healed"] == "rate_limited"
+    # a hang it did not restart is no restart in inferops_watchdog_heals_total
+    assert "rate_limited" not in WATCHDOG.RESTARTED and "healed" in WATCHDOG.RESTARTED
     # observe-only never restarts
     calls.clear()
     args = WATCHDOG.parse_args(["--fail-after", "1", "--observe-only"])
