@@ -26,7 +26,7 @@ from __future__ import annotations
 # HAProxy's runtime API is read on the host too (the frontdoor_server module): one parser, in module_utils
 from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import server_states  # noqa: F401  pylint: disable=unused-import
 
-__all__ = ["plan_frontdoors", "connect_host", "server_states"]
+__all__ = ["plan_frontdoors", "plan_node_exporter", "connect_host", "server_states"]
 
 _WILDCARD = ("0.0.0.0", "", "*")
 
@@ -105,6 +105,22 @@ def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):
         })
     metrics, metrics_problems = _metrics(frontdoors, taken, bind_address, metrics_port)
     return frontdoors, metrics, problems + metrics_problems
+
+
+def plan_node_exporter(instances, frontdoors, metrics, bind_address, port, stride):
+    """``(node_exporter, problems)``: node_exporter's listener on this host (None when ``port`` is 0), checked
+    against every port the host's instances, front doors and front door metrics listener use."""
+    if not port:
+        return None, []
+    where = "vllm_service_node_exporter_port"
+    taken = _taken(instances, int(stride))
+    taken += [(fd["port"], fd["port"], f"the front door of model '{fd['model']}'") for fd in frontdoors]
+    if metrics:
+        taken.append((metrics["port"], metrics["port"], "the front doors' metrics listener (vllm_frontdoor_metrics_port)"))
+    problems = [f"{where} is {port}, which is {what}; give node_exporter a port nothing else on the host uses"
+                for low, high, what in taken if low <= port <= high]
+    return {"bind_address": bind_address, "port": port,
+            "url": _url(connect_host(bind_address), port) + "/metrics"}, problems
 
 
 def _metrics(frontdoors, taken, bind_address, port):

@@ -26,7 +26,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASE,
     MEMORY_BASES,
 )
-from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import plan_frontdoors
+from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import plan_frontdoors, plan_node_exporter
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -128,6 +128,13 @@ PLAN_INPUTS = {
                                     "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, "
                                     "C(/metrics); one per host with a front door, on C(vllm_frontdoor_bind_address)); "
                                     "0: none."),
+    "vllm_service_node_exporter_port": ("node_exporter_port", 0,
+                                        "Port of node_exporter (Debian's C(prometheus-node-exporter)), which the "
+                                        "service role then installs, hardens and starts, reading the watchdog's "
+                                        "textfile metrics, and lists in the file_sd targets; 0: not managed here."),
+    "vllm_service_node_exporter_bind_address": ("node_exporter_bind_address", "",
+                                                "Address node_exporter listens on; empty: "
+                                                "C(vllm_frontdoor_bind_address), else C(vllm_service_host)."),
     "vllm_service_idle_max_mib": ("idle_max_mib", IDLE_MAX_MIB,
                                   "Most MiB a GPU may show and count as idle: before an instance starts on it, "
                                   "and for GPUs outside the plan in the footprint check."),
@@ -178,6 +185,7 @@ _RANGES = {
     "vllm_preflight_min_systemd_version": (1, 100000, "a systemd version number such as 243", ()),
     "vllm_frontdoor_drain_timeout": (1, 86400, "a number of seconds", ()),
     "vllm_frontdoor_ready_timeout": (1, 86400, "a number of seconds", ()),
+    "vllm_service_node_exporter_port": (1024, 65535, "a TCP port number", (0,)),
 }
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
@@ -235,7 +243,8 @@ def input_problems(inputs):
             num = as_int(value)
             if num is None or not (low <= num <= high or num in extra):
                 problems.append(f"{said}; use {what} from {low} to {high}"
-                                + (" (the vLLM units run without capabilities, so no port below 1024)"
+                                + (" (node_exporter runs unprivileged), or 0 for none" if extra == (0,) else
+                                   " (the vLLM units run without capabilities, so no port below 1024)"
                                    if low == LOWEST_PORT else ""))
         elif isinstance(default, list):
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -254,7 +263,7 @@ def input_problems(inputs):
             problems.append(f"{said}; use an absolute path (starting with /)")
         elif variable == "vllm_service_host":
             problems.extend(p for p in [address_problem(variable, value)] if p)
-        elif variable == "vllm_frontdoor_bind_address":
+        elif variable in ("vllm_frontdoor_bind_address", "vllm_service_node_exporter_bind_address"):
             problems.extend(p for p in [address_problem(variable, value, allow_empty=True)] if p)
         elif variable == "vllm_frontdoor_unit" and not re.fullmatch(r"[A-Za-z0-9_.@:-]+[.]service", value):
             problems.append(f"{said}; use a systemd service name such as inferops-vllm-frontdoor.service")
@@ -493,6 +502,11 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         out, norm["models"], opts["frontdoor_bind_address"] or opts["host"], opts["vllm_port_stride"],
         _port_input(opts["frontdoor_metrics_port"]))
     problems += fd_problems
+    node_exporter, ne_problems = plan_node_exporter(
+        out, frontdoors, frontdoor_metrics,
+        opts["node_exporter_bind_address"] or opts["frontdoor_bind_address"] or opts["host"],
+        opts["node_exporter_port"], opts["vllm_port_stride"])
+    problems += ne_problems
     if problems:
         raise PlanContractError(problems, host)
     footprint = {
@@ -510,6 +524,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "footprint": footprint if gpu else None,
         "frontdoors": frontdoors,
         "frontdoor_metrics": frontdoor_metrics,
+        # node_exporter's listener (the service role installs it; the file_sd lists it), or None
+        "node_exporter": node_exporter,
         # the front door's runtime API and drain settings: the front door role and the service role's restart
         # queue (which drains and puts back with the frontdoor_server module) read them here, both
         "frontdoor_runtime": _frontdoor_runtime(opts),

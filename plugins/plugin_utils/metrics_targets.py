@@ -23,7 +23,10 @@ start with a letter or digit), ``host``, ``inferops_role`` (``frontdoor``; insta
 label), ``models`` (the model keys it fronts, comma-separated: HAProxy's own ``proxy`` label of each
 front door), ``served_model_names`` (the first served name of each, in the same order) and
 ``frontdoor_ports``. Its target follows the rules of the instances' (bind address; wildcard: ``address``).
-Instance groups come first, in host order, then the front door groups in host order.
+Instance groups come first, in host order, then the front door groups in host order, then the node_exporter
+groups (the plan's ``node_exporter``, when the service role manages it: the host's metrics and the watchdog's
+textfile metrics) in host order: labels ``instance`` (``<host>/_node``), ``host``, ``inferops_role``
+(``node``).
 """
 from __future__ import annotations
 
@@ -59,11 +62,25 @@ def _frontdoor_group(host, plan, address, scraper, warnings):
     return {"targets": [_hostport(target, metrics["port"])], "labels": labels}
 
 
+def _node_group(host, plan, address, scraper, warnings):
+    """The target group of the host's node_exporter (the plan's ``node_exporter``), or None."""
+    node = plan.get("node_exporter")
+    if not node:
+        return None
+    bind = node["bind_address"]
+    target = address if bind in _WILDCARD else bind
+    if bind in _LOOPBACK and scraper not in (None, host):
+        warnings.append(f"host {host}: node_exporter binds {bind}, so the Prometheus on {scraper} cannot scrape it; "
+                        "set vllm_service_node_exporter_bind_address to an address that host reaches")
+    return {"targets": [_hostport(target, node["port"])],
+            "labels": {"instance": f"{host}/_node", "host": host, "inferops_role": "node"}}
+
+
 def file_sd_targets(hosts, scraper=None):
     """``{"targets": [target groups], "warnings": [...]}``, hosts and instances in a stable order."""
     if not isinstance(hosts, dict):
         raise ValueError(f"the input must be a dict: host -> {{plan, address, vllm_version}}, got {type(hosts).__name__}")
-    groups, frontdoor_groups, warnings = [], [], []
+    groups, frontdoor_groups, node_groups, warnings = [], [], [], []
     for host in sorted(hosts):
         entry = hosts[host]
         plan = (entry or {}).get("plan") if isinstance(entry, dict) else None
@@ -97,4 +114,7 @@ def file_sd_targets(hosts, scraper=None):
         frontdoor = _frontdoor_group(host, plan, address, scraper, warnings)
         if frontdoor:
             frontdoor_groups.append(frontdoor)
-    return {"targets": groups + frontdoor_groups, "warnings": warnings}
+        node = _node_group(host, plan, address, scraper, warnings)
+        if node:
+            node_groups.append(node)
+    return {"targets": groups + frontdoor_groups + node_groups, "warnings": warnings}

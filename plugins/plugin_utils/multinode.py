@@ -549,23 +549,30 @@ def rank_groups(reports) -> list:
     ``reports``: inventory host -> ``{instances, units, queued}``: the host's plan instances (those with
     ``multinode`` count), ``units``: unit -> ``{active: bool, since: int}`` (``since``: the unit's
     ``ActiveEnterTimestamp`` in epoch seconds, 0 when never active), ``queued``: names of the instances
-    this host's service stage would (re)start anyway (changed, pending or not running). A host of an
-    instance missing from ``reports`` (failed earlier, or not in the play) leaves that group incomplete.
+    this host's service stage would (re)start anyway (changed, pending or not running), ``answers``
+    (optional): instance name -> the HTTP status of a one-token completion asked of the rank 0 this host
+    runs (-1: no answer within the deadline; absent: not asked). A host of an instance missing from
+    ``reports`` (failed earlier, or not in the play) leaves that group incomplete.
 
     Returns one dict per group, sorted by key (``group_key``): ``key``, ``name``, ``hosts`` (rank order),
     ``restart`` (bool: restart the whole group), ``broken`` (reasons naming the rank, unit and host;
     empty when the units look healthy), ``queued`` (hosts that would restart their rank anyway),
-    ``incomplete`` (hosts of the instance without a report).
+    ``incomplete`` (hosts of the instance without a report), ``answer`` (rank 0's status, None when not
+    asked).
 
     A group is broken when a rank's unit is not active, or a headless rank (re)entered the active
-    state after rank 0 did: rank 0 formed its group with the rank's earlier process, so the new one
-    never joins and every request hangs while rank 0's ``/health`` stays 200 (docs/multinode.md).
+    state after rank 0 did and rank 0 does not answer a completion: after systemd restarted only the
+    headless rank, rank 0's group holds the rank's earlier process, so the new one never joins and every
+    request hangs while rank 0's ``/health`` stays 200 (docs/multinode.md). A headless rank newer than a
+    rank 0 that answers is in its group: rank 0 was restarted (by systemd or the watchdog), the headless
+    ranks lost it, restarted and joined the new one; a completion needs every rank.
     """
     groups = {}
     for host, report in sorted((reports or {}).items()):
         report = report or {}
         units = report.get("units") or {}
         queued = set(report.get("queued") or [])
+        answers = report.get("answers") or {}
         for inst in report.get("instances") or []:
             mn = inst.get("multinode")
             if not mn:
@@ -573,9 +580,11 @@ def rank_groups(reports) -> list:
             key = group_key(mn, inst["name"])
             grp = groups.setdefault(key, {"name": inst["name"], "hosts": list(mn["hosts"]), "ranks": {}})
             state = units.get(inst["unit"]) or {}
+            answer = answers.get(inst["name"])
             grp["ranks"][int(mn["node_rank"])] = {
                 "host": host, "unit": inst["unit"], "queued": inst["name"] in queued,
-                "active": _as_bool(state.get("active", False)), "since": _as_int(state.get("since") or 0)}
+                "active": _as_bool(state.get("active", False)), "since": _as_int(state.get("since") or 0),
+                "answer": None if answer is None else _as_int(answer)}
     out = []
     for key in sorted(groups):
         grp = groups[key]
@@ -583,14 +592,16 @@ def rank_groups(reports) -> list:
         incomplete = [h for pos, h in enumerate(grp["hosts"]) if pos not in ranks]
         broken = []
         first = ranks.get(0)
+        answer = first["answer"] if first else None
         for pos in sorted(ranks):
             rank = ranks[pos]
             where = f"rank {pos} ({rank['unit']} on {rank['host']})"
             if not rank["active"]:
                 broken.append(f"{where} is not active")
-            elif pos > 0 and first and first["active"] and rank["since"] > first["since"]:
+            elif pos > 0 and first and first["active"] and rank["since"] > first["since"] and answer != 200:
                 broken.append(f"{where} restarted after rank 0 started, so it is not in rank 0's group")
         queued = [ranks[pos]["host"] for pos in sorted(ranks) if ranks[pos]["queued"]]
         out.append({"key": key, "name": grp["name"], "hosts": grp["hosts"], "incomplete": incomplete,
-                    "broken": broken, "queued": queued, "restart": not incomplete and bool(broken or queued)})
+                    "broken": broken, "queued": queued, "answer": answer,
+                    "restart": not incomplete and bool(broken or queued)})
     return out

@@ -8,8 +8,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # python-is-python3: the GPU simulator (tests/gpusim) starts with "#!/usr/bin/env python"
-# haproxy: the front door (roles/vllm_frontdoor); installed here so the containers need no package mirror
-packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl,haproxy
+# haproxy: the front door (roles/vllm_frontdoor); prometheus-node-exporter: node_exporter (roles/vllm_service,
+# plan input vllm_service_node_exporter_port); installed here so the containers need no package mirror
+packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl,haproxy,prometheus-node-exporter
 tag=$( (cat "$0"; echo "$packages") | sha256sum | cut -c1-12)
 image=localhost/inferops-testhost:$tag
 cache=$root/.cache/images
@@ -32,6 +33,8 @@ else
   : >"$rootfs/etc/machine-id"
   # no getty on a container console; keep the journal small
   rm -f "$rootfs"/etc/systemd/system/getty.target.wants/* 2>/dev/null || true
+  # node_exporter starts where the service role enables it (its plan has one), not on every test host
+  rm -f "$rootfs"/etc/systemd/system/multi-user.target.wants/prometheus-node-exporter.service
   printf '[Journal]\nStorage=volatile\nRuntimeMaxUse=32M\n' >"$rootfs/etc/systemd/journald.conf"
   tar -C "$rootfs" -c . | podman import -q \
     --change 'CMD ["/sbin/init"]' --change 'ENV container=podman' \

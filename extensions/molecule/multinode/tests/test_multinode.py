@@ -156,9 +156,9 @@ def test_gpu_footprint_passes_on_both_hosts_against_their_plans():
 
 # --------------------------------------------------------------------------- a rank dies while serving
 
-@pytest.fixture(scope="module")
-def killed(hosts):
-    """SIGKILL every process of rank 1's unit; systemd restarts it (Restart=on-failure)."""
+def kill_rank_1(hosts):
+    """SIGKILL every process of rank 1's unit and wait until systemd restarted it (Restart=on-failure); returns
+    the number of restarts."""
     before = show(hosts[RANK1], "NRestarts")
     hosts[RANK1].run(f"systemctl kill --signal=SIGKILL {UNIT}")
     deadline = time.monotonic() + 60
@@ -167,6 +167,15 @@ def killed(hosts):
             break
         time.sleep(2)
     return int(show(hosts[RANK1], "NRestarts")) - int(before)
+
+
+@pytest.fixture(scope="module")
+def killed(hosts):
+    """Rank 1 killed with rank 0's watchdog paused (its timer stopped, a pass in progress finished): the broken
+    group stays broken for verify and the converge. The converge starts the timer again."""
+    hosts[RANK0].run("systemctl stop inferops-vllm-watchdog.timer; "
+                     "while systemctl -q is-active inferops-vllm-watchdog.service; do sleep 1; done")
+    return kill_rank_1(hosts)
 
 
 def test_a_killed_headless_rank_is_restarted_by_systemd_but_the_group_is_broken(hosts, plans, killed):
@@ -198,6 +207,47 @@ def test_converge_restarts_the_group_as_one_and_it_serves_again(hosts, plans, ki
     rc, out, _seconds = playbook(VERIFY)
     assert rc == 0, out[-3000:]
     print(f"converge restarted the group in {seconds:.0f} s")
+    assert show(hosts[RANK0], "ActiveState").strip() == "active"
+    assert hosts[RANK0].run("systemctl is-active inferops-vllm-watchdog.timer").stdout.strip() == "active"
+
+
+def watchdog_journal(host, since):
+    return host.check_output(f"journalctl -u inferops-vllm-watchdog.service -o short-unix --no-pager --since @{since:.0f}")
+
+
+def test_the_watchdog_heals_the_group_after_a_headless_rank_dies(hosts, plans):
+    """issue 26: rank 1 killed, no playbook run: rank 0's watchdog sees its completions fail, restarts rank 0, rank 1
+    loses it, restarts (systemd) and joins; rank 0 serves again. Prints the seconds to detection and to serving.
+    Then verify passes (rank 1 is newer than rank 0, but rank 0 answers) and the next run restarts nothing."""
+    t0 = float(hosts[RANK0].check_output("date +%s.%N"))
+    assert kill_rank_1(hosts) >= 1
+    healing = serving = None
+    deadline = time.time() + 300
+    while time.time() < deadline and serving is None:
+        time.sleep(3)
+        for line in watchdog_journal(hosts[RANK0], t0).splitlines():
+            stamp = line.split(" ", 1)[0]
+            if healing is None and f"{UNIT}: healing" in line:
+                healing = float(stamp)
+            if healing is not None and f"{UNIT}: serving again" in line:
+                serving = float(stamp)
+    journal = watchdog_journal(hosts[RANK0], t0)
+    print(f"watchdog: rank 1 killed at t=0; healing (rank 0 restarted) at t={(healing or 0) - t0:.1f} s; "
+          f"the group serves again at t={(serving or 0) - t0:.1f} s")
+    assert healing is not None, journal
+    assert serving is not None, journal
+    assert "rank 0 of a group across" in journal, journal
+    assert KEY not in journal
+    assert completion(hosts, plans).stdout == "200"
+    rank0 = int(show(hosts[RANK0], "ActiveEnterTimestampMonotonic"))
+    assert rank0 > 0
+    rc, out, _seconds = playbook(VERIFY)
+    assert rc == 0, out[-3000:]
+    rc, out, seconds = converge()
+    assert rc == 0, out[-4000:]
+    assert "changed=0" in out and "changed=1" not in out, out[-4000:]
+    assert int(show(hosts[RANK0], "ActiveEnterTimestampMonotonic")) == rank0
+    print(f"after the heal: verify passes, a converge restarts nothing ({seconds:.0f} s)")
 
 
 # --------------------------------------------------------------------------- refused before any change

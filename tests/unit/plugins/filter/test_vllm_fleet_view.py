@@ -111,13 +111,30 @@ def reports(states, queued=None, hosts=("h0", "h1")):
 def test_a_healthy_group_is_left_alone():
     (grp,) = vllm_rank_groups(reports({"h0": (True, 200), "h1": (True, 150)}))
     assert grp["key"] == "duo@h0" and grp["hosts"] == ["h0", "h1"]
-    assert grp["broken"] == [] and grp["restart"] is False
+    assert grp["broken"] == [] and grp["restart"] is False and grp["answer"] is None
 
 
 def test_a_headless_rank_restarted_after_rank_0_breaks_the_group():
     (grp,) = vllm_rank_groups(reports({"h0": (True, 200), "h1": (True, 260)}))
     assert grp["restart"] and grp["broken"] == [
         "rank 1 (vllm-duo.service on h1) restarted after rank 0 started, so it is not in rank 0's group"]
+
+
+def test_a_headless_rank_newer_than_a_rank_0_that_answers_is_in_its_group():
+    """rank 0 restarted (systemd, or the watchdog): the headless rank lost it, restarted later and joined."""
+    rep = reports({"h0": (True, 200), "h1": (True, 260)})
+    rep["h0"]["answers"] = {"duo": 200}
+    (grp,) = vllm_rank_groups(rep)
+    assert grp["broken"] == [] and grp["restart"] is False and grp["answer"] == 200
+    for no_answer in (-1, 503):  # no completion within the deadline, or an error: the order decides again
+        rep["h0"]["answers"] = {"duo": no_answer}
+        (grp,) = vllm_rank_groups(rep)
+        assert grp["restart"] and grp["answer"] == no_answer and "restarted after rank 0 started" in grp["broken"][0]
+    # an answer does not hide a dead rank
+    rep = reports({"h0": (True, 200), "h1": (False, 0)})
+    rep["h0"]["answers"] = {"duo": 200}
+    (grp,) = vllm_rank_groups(rep)
+    assert grp["restart"] and grp["broken"] == ["rank 1 (vllm-duo.service on h1) is not active"]
 
 
 def test_a_dead_rank_breaks_the_group():

@@ -9,7 +9,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_prometheus_targets import vllm_prometheus_targets
-from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import build_plan
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PlanContractError, build_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 MODELS = {"m": {"repo_id": "org/Model-7B", "revision": "0123456789abcdef0123456789abcdef01234567",
@@ -136,3 +136,32 @@ def test_a_loopback_front_door_on_another_host_than_prometheus_is_named():
                                    "on monitor-1 cannot scrape it; set vllm_frontdoor_bind_address to an address that "
                                    "host reaches")
     assert vllm_prometheus_targets({"seed-1": {"plan": FD_SEED}}, scraper="monitor-1")["warnings"] == []
+
+
+def test_one_node_exporter_group_per_host_that_has_one_last_and_its_port_checked():
+    ne = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], FD_MODELS, vllm_service_node_exporter_port=9100,
+              vllm_frontdoor_bind_address="0.0.0.0")
+    assert ne["node_exporter"] == {"bind_address": "0.0.0.0", "port": 9100, "url": "http://127.0.0.1:9100/metrics"}
+    out = vllm_prometheus_targets({"l40s-1": {"plan": ne, "address": "10.0.0.7"}, "seed-1": {"plan": FD_SEED}},
+                                  scraper="monitor-1")
+    assert [g["labels"]["instance"] for g in out["targets"]][-3:] == [
+        "l40s-1/_frontdoor", "seed-1/_frontdoor", "l40s-1/_node"]
+    assert out["targets"][-1] == {"targets": ["10.0.0.7:9100"], "labels": {
+        "instance": "l40s-1/_node", "host": "l40s-1", "inferops_role": "node"}}
+    assert not any("node_exporter" in w for w in out["warnings"])
+    # its own bind address, else the front doors', else vllm_service_host; loopback is named for a remote scraper
+    lo = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_service_node_exporter_port=9100)
+    assert lo["node_exporter"]["bind_address"] == "127.0.0.1"
+    assert vllm_prometheus_targets({"h": {"plan": lo}}, scraper="monitor-1")["warnings"][-1] == (
+        "host h: node_exporter binds 127.0.0.1, so the Prometheus on monitor-1 cannot scrape it; set "
+        "vllm_service_node_exporter_bind_address to an address that host reaches")
+    own = plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], vllm_service_node_exporter_port=9100,
+               vllm_service_node_exporter_bind_address="::")
+    assert vllm_prometheus_targets({"h": {"plan": own, "address": "h.example"}})["targets"][-1]["targets"] == [
+        "h.example:9100"]
+    assert L40S["node_exporter"] is None
+    # a port another listener of the host uses is refused, naming it
+    for port, what in ((9101, "the front doors' metrics listener"), (9000, "the front door of model 'm'"),
+                       (8000, "the HTTP port of instance 'c'")):
+        with pytest.raises(PlanContractError, match=f"vllm_service_node_exporter_port is {port}, which is {what}"):
+            plan("l40s-4x-pcie", [{"name": "c", "model": "m"}], FD_MODELS, vllm_service_node_exporter_port=port)
