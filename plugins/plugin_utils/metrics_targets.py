@@ -40,17 +40,24 @@ def _hostport(address, port):
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
+def _target(host, bind, port, address, scraper, warnings, what, variable):
+    """``address:port`` Prometheus scrapes for a listener of ``host`` bound to ``bind`` (``address`` when it binds
+    every address); a loopback listener that a Prometheus on another host (``scraper``) cannot reach is named in
+    ``warnings`` with the variable that fixes it."""
+    if bind in _LOOPBACK and scraper not in (None, host):
+        warnings.append(f"host {host}: {what} binds {bind}, so the Prometheus on {scraper} cannot scrape it; "
+                        f"set {variable} to an address that host reaches")
+    return _hostport(address if bind in _WILDCARD else bind, port)
+
+
 def _frontdoor_group(host, plan, address, scraper, warnings):
     """The target group of the host's front doors' metrics listener, or None."""
     metrics = plan.get("frontdoor_metrics")
     frontdoors = plan.get("frontdoors") or []
     if not metrics or not frontdoors:
         return None
-    bind = metrics["bind_address"]
-    target = address if bind in _WILDCARD else bind
-    if bind in _LOOPBACK and scraper not in (None, host):
-        warnings.append(f"host {host}: the front doors' metrics listener binds {bind}, so the Prometheus on {scraper} "
-                        "cannot scrape it; set vllm_frontdoor_bind_address to an address that host reaches")
+    target = _target(host, metrics["bind_address"], metrics["port"], address, scraper, warnings,
+                     "the front doors' metrics listener", "vllm_frontdoor_bind_address")
     labels = {
         "instance": f"{host}/_frontdoor",
         "host": host,
@@ -59,7 +66,7 @@ def _frontdoor_group(host, plan, address, scraper, warnings):
         "served_model_names": ",".join(fd["served_model_name"] for fd in frontdoors),
         "frontdoor_ports": ",".join(str(fd["port"]) for fd in frontdoors),
     }
-    return {"targets": [_hostport(target, metrics["port"])], "labels": labels}
+    return {"targets": [target], "labels": labels}
 
 
 def _node_group(host, plan, address, scraper, warnings):
@@ -67,12 +74,9 @@ def _node_group(host, plan, address, scraper, warnings):
     node = plan.get("node_exporter")
     if not node:
         return None
-    bind = node["bind_address"]
-    target = address if bind in _WILDCARD else bind
-    if bind in _LOOPBACK and scraper not in (None, host):
-        warnings.append(f"host {host}: node_exporter binds {bind}, so the Prometheus on {scraper} cannot scrape it; "
-                        "set vllm_service_node_exporter_bind_address to an address that host reaches")
-    return {"targets": [_hostport(target, node["port"])],
+    target = _target(host, node["bind_address"], node["port"], address, scraper, warnings, "node_exporter",
+                     "vllm_service_node_exporter_bind_address")
+    return {"targets": [target],
             "labels": {"instance": f"{host}/_node", "host": host, "inferops_role": "node"}}
 
 
@@ -91,11 +95,8 @@ def file_sd_targets(hosts, scraper=None):
         for inst in plan["instances"]:
             if inst.get("url") is None:
                 continue  # a headless rank of a multi-node instance serves no API and no /metrics
-            bind = inst["bind_address"]
-            target = address if bind in _WILDCARD else bind
-            if bind in _LOOPBACK and scraper not in (None, host):
-                warnings.append(f"host {host}: instance '{inst['name']}' binds {bind}, so the Prometheus on {scraper} "
-                                "cannot scrape it; set vllm_service_host to an address that host reaches")
+            target = _target(host, inst["bind_address"], inst["port"], address, scraper, warnings,
+                             f"instance '{inst['name']}'", "vllm_service_host")
             model = inst.get("model") or {}
             labels = {
                 "instance": f"{host}/{inst['name']}",
@@ -110,7 +111,7 @@ def file_sd_targets(hosts, scraper=None):
                 "tensor_parallel_size": str(inst["tensor_parallel_size"]),
                 "vllm_version": str(version) if version else "unknown",
             }
-            groups.append({"targets": [_hostport(target, inst["port"])], "labels": labels})
+            groups.append({"targets": [target], "labels": labels})
         frontdoor = _frontdoor_group(host, plan, address, scraper, warnings)
         if frontdoor:
             frontdoor_groups.append(frontdoor)
