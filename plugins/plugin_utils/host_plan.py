@@ -193,6 +193,13 @@ _HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0
                           r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 
 
+#: Where the port goes, for the address inputs whose port is not the instances' own.
+_PORT_HINT = {
+    "vllm_frontdoor_bind_address": "each model's port in vllm_models.<model>.frontdoor_port",
+    "vllm_service_node_exporter_bind_address": "the port in vllm_service_node_exporter_port",
+}
+
+
 def address_problem(variable, value, allow_empty=False):
     """Why ``value`` is not an address to bind to (an IP address or a host name, no port), or None."""
     if allow_empty and value == "":
@@ -215,8 +222,8 @@ def address_problem(variable, value, allow_empty=False):
         number = port.group(2) or port.group(4)
         if number is None:
             return f"{variable} is {value!r}; give the IPv6 address without brackets: {address}"
-        return (f"{variable} is {value!r}, an address with a port; set {variable}: {address} and the port on each "
-                "instance (port; left out, the plan gives one from base_port)")
+        return f"{variable} is {value!r}, an address with a port; set {variable}: {address} and " + _PORT_HINT.get(
+            variable, "the port on each instance (port; left out, the plan gives one from base_port)")
     if any(c.isspace() for c in value) or not _HOSTNAME_RE.match(value):
         return f"{variable} is {value!r}, neither an IP address nor a host name; use an address such as 0.0.0.0"
     return None

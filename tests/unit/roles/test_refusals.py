@@ -89,6 +89,17 @@ def test_an_address_with_a_port_or_a_scheme_is_refused(value, fix):
     assert problem and problem.startswith("vllm_service_host is ") and fix in problem, problem
 
 
+@pytest.mark.parametrize("variable,fix", [
+    ("vllm_frontdoor_bind_address", "set vllm_frontdoor_bind_address: 0.0.0.0 and each model's port in "
+                                    "vllm_models.<model>.frontdoor_port"),
+    ("vllm_service_node_exporter_bind_address", "set vllm_service_node_exporter_bind_address: 0.0.0.0 and the port "
+                                                "in vllm_service_node_exporter_port"),
+])
+def test_an_address_with_a_port_names_where_that_listeners_port_goes(variable, fix):
+    problem = address_problem(variable, "0.0.0.0:9100", allow_empty=True)
+    assert problem and fix in problem and "on each instance" not in problem, problem
+
+
 @pytest.mark.parametrize("value", ["127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1", "localhost",
                                    "gpu-1.example.internal", "*"])
 def test_addresses_to_bind_to(value):
