@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -18,6 +19,9 @@ import yaml
 
 SCENARIO = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(__file__)))
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
+sys.path.insert(0, os.path.join(SCENARIO, "..", "shared"))
+import molecule_watchdog as watchdog  # noqa: E402  (extensions/molecule/shared/molecule_watchdog.py)
+
 RANK0, RANK1 = "inferops-mn-0", "inferops-mn-1"
 UNIT = "vllm-duo.service"
 
@@ -173,8 +177,7 @@ def kill_rank_1(hosts):
 def killed(hosts):
     """Rank 1 killed with rank 0's watchdog paused (its timer stopped, a pass in progress finished): the broken
     group stays broken for verify and the converge. The converge starts the timer again."""
-    hosts[RANK0].run("systemctl stop inferops-vllm-watchdog.timer; "
-                     "while systemctl -q is-active inferops-vllm-watchdog.service; do sleep 1; done")
+    watchdog.stop(hosts[RANK0])
     return kill_rank_1(hosts)
 
 
@@ -211,27 +214,28 @@ def test_converge_restarts_the_group_as_one_and_it_serves_again(hosts, plans, ki
     assert hosts[RANK0].run("systemctl is-active inferops-vllm-watchdog.timer").stdout.strip() == "active"
 
 
-def watchdog_journal(host, since):
-    return host.check_output(f"journalctl -u inferops-vllm-watchdog.service -o short-unix --no-pager --since @{since:.0f}")
-
-
 def test_the_watchdog_heals_the_group_after_a_headless_rank_dies(hosts, plans):
     """issue 26: rank 1 killed, no playbook run: rank 0's watchdog sees its completions fail, restarts rank 0, rank 1
     loses it, restarts (systemd) and joins; rank 0 serves again. Prints the seconds to detection and to serving.
     Then verify passes (rank 1 is newer than rank 0, but rank 0 answers) and the next run restarts nothing."""
+    with watchdog.every(hosts[RANK0], 5):
+        group_healed(hosts, plans)
+
+
+def group_healed(hosts, plans):
     t0 = float(hosts[RANK0].check_output("date +%s.%N"))
     assert kill_rank_1(hosts) >= 1
     healing = serving = None
     deadline = time.time() + 300
     while time.time() < deadline and serving is None:
         time.sleep(3)
-        for line in watchdog_journal(hosts[RANK0], t0).splitlines():
+        for line in watchdog.journal(hosts[RANK0], t0).splitlines():
             stamp = line.split(" ", 1)[0]
             if healing is None and f"{UNIT}: healing" in line:
                 healing = float(stamp)
             if healing is not None and f"{UNIT}: serving again" in line:
                 serving = float(stamp)
-    journal = watchdog_journal(hosts[RANK0], t0)
+    journal = watchdog.journal(hosts[RANK0], t0)
     print(f"watchdog: rank 1 killed at t=0; healing (rank 0 restarted) at t={(healing or 0) - t0:.1f} s; "
           f"the group serves again at t={(serving or 0) - t0:.1f} s")
     assert healing is not None, journal

@@ -8,7 +8,6 @@ GPU, remove it), in file order; they leave the host changed, so run them once pe
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import re
@@ -30,6 +29,9 @@ sys.path.insert(0, os.path.join(PROJECT, ".build"))
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import server_states as haproxy_servers  # noqa: E402
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, build_plan  # noqa: E402
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import unit_view  # noqa: E402
+
+sys.path.insert(0, os.path.join(SCENARIO, "..", "shared"))
+import molecule_watchdog as watchdog  # noqa: E402  (extensions/molecule/shared/molecule_watchdog.py)
 
 with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
     VARS = yaml.safe_load(_fh)["provisioner"]["inventory"]["host_vars"][HOST]
@@ -151,18 +153,6 @@ def completion(host, port, key=None):
                             f"http://127.0.0.1:{port}/v1/completions")
     text, _sep, code = out.rpartition("\n")
     return int(code), text
-
-
-@contextlib.contextmanager
-def watchdog_paused(host):
-    """The watchdog's probes are completions too (one per instance every few seconds): a test that counts an
-    instance's requests pauses it (its timer stopped, a pass in progress finished)."""
-    host.run("systemctl stop inferops-vllm-watchdog.timer; "
-             "while systemctl -q is-active inferops-vllm-watchdog.service; do sleep 1; done")
-    try:
-        yield
-    finally:
-        host.run("systemctl start inferops-vllm-watchdog.timer")
 
 
 def requests_served(host, port):
@@ -329,6 +319,7 @@ def test_a_real_prometheus_scrapes_every_instance_through_the_file_sd_file(host,
     gauges arrive with the plan's labels; the front door's metrics listener (HAProxy's exporter): its request
     counter of model tiny arrives with the front door's labels; and node_exporter (issue 26, the last group):
     the watchdog's inferops_instance_up of both instances arrives through its textfile collector."""
+    watchdog.run_pass(host)  # its textfile, with the converged instances
     path = VARS["vllm_service_prometheus_file_sd_path"]
     f = host.file(path)
     assert f.user == "root" and f.mode == 0o644
@@ -427,7 +418,7 @@ def test_the_front_door_unit_is_hardened_and_unprivileged(host):
 def test_the_front_door_checks_both_instances_and_spreads_completions_over_them(host, plan):
     assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
     port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
-    with watchdog_paused(host):
+    with watchdog.paused(host):
         before = {i["name"]: requests_served(host, i["port"]) for i in plan}
         for _n in range(6):
             code, text = completion(host, port, SECRETS[0])
@@ -486,15 +477,15 @@ def engine_core_pid(host, unit):
     return int(pids[0])
 
 
-def watchdog_journal(host, since):
-    return host.check_output(f"journalctl -u inferops-vllm-watchdog.service -o short-unix --no-pager --since @{since:.0f}")
-
-
 def test_the_watchdog_heals_a_frozen_engine_without_a_playbook_run(host, plan):
     """issue 26: SIGSTOP on alpha's EngineCore (its /health stays 200) under a sparse client loop through the front
     door (1 request/s): the watchdog's one-token probe fails, it kills and restarts alpha behind its gate, with no
     playbook run. Prints seconds to detection and to serving again, and the failed requests."""
-    a = plan[0]
+    with watchdog.every(host, 5):
+        frozen_engine_healed(host, plan[0])
+
+
+def frozen_engine_healed(host, a):
     port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
     assert host.run("systemctl is-active inferops-vllm-watchdog.timer").stdout.strip() == "active"
     host.run("systemctl stop wd-client.service; systemctl reset-failed wd-client.service")
@@ -510,13 +501,13 @@ def test_the_watchdog_heals_a_frozen_engine_without_a_playbook_run(host, plan):
     deadline = time.time() + 240
     while time.time() < deadline and serving is None:
         host.run("sleep 3")
-        for line in watchdog_journal(host, t0).splitlines():
+        for line in watchdog.journal(host, t0).splitlines():
             stamp = line.split(" ", 1)[0]
             if healing is None and f"{a['unit']}: healing" in line:
                 healing = float(stamp)
             if healing is not None and f"{a['unit']}: serving again" in line:
                 serving = float(stamp)
-    journal = watchdog_journal(host, t0)
+    journal = watchdog.journal(host, t0)
     host.run("systemctl stop wd-client.service")
     rows = [json.loads(line) for line in host.check_output("cat /root/wd/client.jsonl").splitlines() if line]
     failed = [r for r in rows if not r["ok"]]
@@ -529,8 +520,7 @@ def test_the_watchdog_heals_a_frozen_engine_without_a_playbook_run(host, plan):
     assert host.run(f"kill -0 {pid}").rc != 0  # the frozen engine is gone, not resumed
     code, text = completion(host, a["port"], SECRETS[0])
     assert code == 200, text
-    prom = host.check_output(f"cat {VARS.get('vllm_service_watchdog_textfile_dir', '/var/lib/prometheus/node-exporter')}"
-                             "/inferops_vllm.prom")
+    prom = host.check_output(f"cat {watchdog.TEXTFILE}")
     assert f'inferops_watchdog_heals_total{{unit="{a["unit"]}",vllm_instance="{a["name"]}"}} 1' in prom, prom
     # the only failed requests are those sent while the engine was frozen (before it served again)
     assert all(t0 - 1 <= r["t"] <= serving for r in failed), failed
@@ -570,8 +560,7 @@ def test_every_metric_the_shipped_rules_read_is_in_a_live_scrape(host, host_plan
     for inst in plan:
         scraped |= rule_metrics.scraped_names(host.check_output(f"curl -sf {inst['url']}/metrics"))
     scraped |= rule_metrics.scraped_names(host.check_output(f"curl -sf {host_plan['frontdoor_metrics']['url']}"))
-    textfile = VARS.get("vllm_service_watchdog_textfile_dir", "/var/lib/prometheus/node-exporter") + "/inferops_vllm.prom"
-    scraped |= rule_metrics.scraped_names(host.check_output(f"cat {textfile}"))
+    scraped |= rule_metrics.scraped_names(host.check_output(f"cat {watchdog.TEXTFILE}"))
     missing = sorted(wanted - scraped - {"up", "DCGM_FI_DEV_XID_ERRORS"})
     assert not missing, f"the shipped rules read metrics nothing exports: {missing}"
     rules = os.path.join(PROJECT, "roles", "vllm_service", "files", "prometheus", "inferops-vllm-rules.yml")
@@ -763,23 +752,32 @@ def assert_restarted_on(host, plan, before, venv):
         assert host.file(f"/proc/{pid}/cmdline").content_string.startswith(venv + "/bin/python\0"), entry["unit"]
 
 
-def test_no_request_through_the_front_door_fails_during_a_rollout_to_a_new_version(host, plan, tmp_path):
-    """Issue 15, zero-downtime rollouts: two clients send real OpenAI-client completions through the front
-    door of model tiny (alpha and beta behind port 9000) from 15 s before rollout.yml to 15 s after it. The
-    rollout builds version B (a new venv), then drains, restarts, gates and puts back alpha, then beta; it
-    verifies the host (footprint, front door, a short benchmark). No request fails, both instances serve
-    before, during and after, each is out of rotation a while during which the other one serves alone."""
+def test_no_request_through_the_front_door_fails_during_a_rollout_below_the_baseline_and_its_rollback(
+        host, plan, tmp_path):
+    """Issue 15, zero-downtime rollouts and the performance gate in a rollout. Two clients send real OpenAI-client
+    completions through the front door of model tiny (alpha and beta behind port 9000) from 10 s before
+    rollout.yml to 10 s after it. The rollout builds version B (a new venv), then drains, restarts, gates and puts
+    back alpha, then beta; its verify stage measures B below the host class's baseline (one no instance here
+    reaches), so the host is rolled back to version A (current and both units, each drained, restarted and gated
+    again) and the rollout fails naming the figure. No request fails, both instances serve before, during and
+    after, each is out of rotation a while during which the other one serves alone.
+    (One rollout carries both proofs: a rollout that passes its gate is the same drain, restart, gate and put-back
+    without the way back; the fleet scenario's canary batch passes its gate.)"""
     names = {i["name"] for i in plan}
     venv_a = current_venv(host)
     before = {i["unit"]: started_at(host, i["unit"]) for i in plan}
-    rc, out, start, end, records = rollout_under_load(host, tmp_path, 15, **VERSION_B)
-    assert rc == 0, out[-4000:]
+    version_b = dict(VERSION_B, vllm_verify_perf_baseline={"single_stream_tokens_per_s": 100000})
+    rc, out, start, end, records = rollout_under_load(host, tmp_path, 10, **version_b)
+    assert rc != 0, out[-4000:]
     assert f"This batch upgrades {HOST}" in out
-    venv_b = current_venv(host)
-    assert venv_b != venv_a
-    assert_restarted_on(host, plan, before, venv_b)
     for name in names:
         assert f"Stop sending new requests (server state drain) to tiny/{name}" in out
+    assert re.search(rf"Performance gate: host {HOST}, instance \w+: single_stream_tokens_per_s [0-9.]+ is below "
+                     r"the baseline 100000", out), out[-4000:]
+    assert f"{HOST} was rolled back to its previous venv and is serving again" in out, out[-4000:]
+    assert current_venv(host) == venv_a
+    assert_restarted_on(host, plan, before, venv_a)
+    assert wait_for_states(host, "tiny", {n: "UP" for n in names}) == {n: "UP" for n in names}
 
     failed = [r for r in records if not r["ok"]]
     assert records and not failed, (len(records), failed[:5])
@@ -788,7 +786,7 @@ def test_no_request_through_the_front_door_fails_during_a_rollout_to_a_new_versi
     counts = {phase: {n: sum(r["instance"] == n for r in rs) for n in sorted(names)} for phase, rs in phases.items()}
     assert all(set(c) == names and all(c.values()) for c in counts.values()), counts
     assert sum(sum(c.values()) for c in counts.values()) == len(records), "every answer names its instance"
-    # each instance's longest time without a request during the rollout: its drain, restart, gate and put-back,
+    # each instance's longest time without a request during the rollout: a drain, restart, gate and put-back,
     # while the other one served alone
     gaps = {}
     for name in names:
@@ -798,37 +796,12 @@ def test_no_request_through_the_front_door_fails_during_a_rollout_to_a_new_versi
         others = [r for r in phases["during"] if left < r["t"] < right and r["instance"] != name]
         assert right - left > 20 and others, (name, right - left, len(others))
     latency = sorted(r["seconds"] for r in records)
-    rolled = max(right for _left, right in gaps.values()) - start
-    print(f"rollout.yml through the front door: {len(records)} requests, 0 failed, latency p50 "
-          f"{latency[len(latency) // 2]} s, max {latency[-1]} s; per instance "
+    print(f"rollout.yml to version B below the baseline, rolled back to A, through the front door: {len(records)} "
+          f"requests, 0 failed, latency p50 {latency[len(latency) // 2]} s, max {latency[-1]} s; per instance "
           + ", ".join(f"{phase} {c}" for phase, c in counts.items())
-          + "; out of rotation: " + ", ".join(f"{n} {right - left:.1f} s" for n, (left, right) in sorted(gaps.items()))
-          + f"; both instances served version B {rolled:.1f} s after the rollout started; rollout.yml took "
-          f"{end - start:.1f} s")
-
-
-def test_a_rollout_below_the_performance_baseline_rolls_the_host_back_without_a_failed_request(host, plan, tmp_path):
-    """Issue 15, the performance gate in a rollout: version C (another venv) is measured below the host class's
-    baseline (one no instance here reaches), so rollout.yml's verify fails after both instances restarted on it;
-    the host is rolled back to version B (current and both units, each restarted and gated again) and the rollout
-    fails naming the figure. The clients going through the front door the whole time see no failed request."""
-    venv_b = current_venv(host)
-    before = {i["unit"]: started_at(host, i["unit"]) for i in plan}
-    version_c = dict(VERSION_B, vllm_install_extra_packages=["tabulate==0.8.10"],
-                     vllm_verify_perf_baseline={"single_stream_tokens_per_s": 100000})
-    rc, out, start, end, records = rollout_under_load(host, tmp_path, 5, **version_c)
-    assert rc != 0, out[-4000:]
-    assert re.search(rf"Performance gate: host {HOST}, instance \w+: single_stream_tokens_per_s [0-9.]+ is below "
-                     r"the baseline 100000", out), out[-4000:]
-    assert f"{HOST} was rolled back to its previous venv and is serving again" in out, out[-4000:]
-    assert current_venv(host) == venv_b
-    assert_restarted_on(host, plan, before, venv_b)
-    assert wait_for_states(host, "tiny", {i["name"]: "UP" for i in plan}) == {i["name"]: "UP" for i in plan}
-    failed = [r for r in records if not r["ok"]]
-    assert records and not failed, (len(records), failed[:5])
-    served = {i["name"]: sum(r["instance"] == i["name"] for r in records) for i in plan}
-    print(f"rollout.yml to version C below the baseline, rolled back to B: {len(records)} requests through the front "
-          f"door, 0 failed, per instance {served}; rollout.yml (upgrade, gate, rollback) took {end - start:.1f} s")
+          + "; longest out of rotation: " + ", ".join(f"{n} {right - left:.1f} s"
+                                                      for n, (left, right) in sorted(gaps.items()))
+          + f"; rollout.yml (upgrade, gate, rollback) took {end - start:.1f} s")
 
 
 # --------------------------------------------------------------------------- transitions (issue 23)
@@ -916,12 +889,14 @@ def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes
     assert rc == 0 and recap(again)[HOST]["changed"] == 0, again[-4000:]
     assert "No instance to stop or (re)start." in again
 
+    # the new plan's footprint, checked by a watchdog pass (gpu_footprint's code, the plan on the host): the
+    # watchdog follows the transition too, and every instance of the new plan answers its probe
     on_host = json.loads(host.file("/etc/inferops/vllm/plan.json").content_string)
-    fp = on_host["footprint"]
-    failed, result = ansible_module("inferops.vllm.gpu_footprint", {
-        "expected": fp["expected"], "idle_gpus": fp["idle_gpus"], "idle_max_mib": fp["idle_max_mib"],
-        "allow_shared_gpus": fp["allow_shared_gpus"], "memory_base": fp["memory_base"], "wait_timeout": 60})
-    assert not failed, result
+    text = watchdog.run_pass(host)
+    assert re.search(r"^inferops_footprint_ok 1$", text, re.M), (text, host.run(
+        "journalctl -u inferops-vllm-watchdog.service --no-pager -n 20").stdout)
+    for inst in on_host["instances"]:
+        assert f'inferops_instance_up{{unit="{inst["unit"]}",vllm_instance="{inst["name"]}"}} 1' in text, text
     active = {i["unit"] for i in on_host["instances"]}
     for unit in units.split():
         assert (show(host, unit, "ActiveState") == "active") == (unit in active), unit
@@ -986,12 +961,7 @@ def footprint_alert_fires(host):
     InferopsVllmFootprintDrift. The rules are the shipped file with that alert's `for: 1m` cut to 10 s (to save a
     minute of the test budget; promtool's unit tests hold the `for` itself). Prometheus scrapes the node_exporter
     the role installed (plan input vllm_service_node_exporter_port), which exports the watchdog's textfile."""
-    textfile_dir = VARS.get("vllm_service_watchdog_textfile_dir", "/var/lib/prometheus/node-exporter")
-    for _attempt in range(30):
-        if "inferops_footprint_ok 0" in host.run(f"cat {textfile_dir}/inferops_vllm.prom").stdout:
-            break
-        host.run("sleep 1")
-    assert "inferops_footprint_ok 0" in host.check_output(f"cat {textfile_dir}/inferops_vllm.prom")
+    assert re.search(r"^inferops_footprint_ok 0$", watchdog.run_pass(host), re.M)
     journal = host.check_output("journalctl -u inferops-vllm-watchdog.service --no-pager -n 50")
     assert "footprint:" in journal and "(reported, not healed)" in journal
     pid = subprocess.run(["podman", "inspect", "-f", "{{.State.Pid}}", HOST], capture_output=True, text=True,
