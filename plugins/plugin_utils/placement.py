@@ -101,8 +101,9 @@ def _is_auto(value) -> bool:
     return value is None or (isinstance(value, str) and value.strip().lower() == "auto")
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (a GPU count: the loop never runs past it, whatever ``n`` is)."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
 def _plural(n: int, word: str) -> str:
@@ -491,12 +492,12 @@ class _Planner:
                 f"pipeline_parallel_size {inst.pp} = {inst.size}; make them agree (e.g. tensor_parallel_size: "
                 f"{len(inst.explicit) // inst.pp if len(inst.explicit) % inst.pp == 0 else len(inst.explicit)})")
         elif inst.size > n and n:
-            fits = [d for d in _divisors(inst.heads) if d <= n] if inst.heads else None
+            fits = _divisors(inst.heads, n) if inst.heads else None
             hint = f" (tensor_parallel_size values that fit here: {', '.join(map(str, fits))})" if fits else ""
             bad(f"tensor_parallel_size {inst.tp} x pipeline_parallel_size {inst.pp} needs {inst.size} GPUs "
                 f"but this host has {_plural(n, 'GPU')}; lower tensor_parallel_size or pipeline_parallel_size{hint}")
         if inst.heads is not None and inst.heads % inst.tp:
-            fits = [d for d in _divisors(inst.heads) if d <= max(n, 1)]
+            fits = _divisors(inst.heads, max(n, 1))
             bad(f"tensor_parallel_size {inst.tp} does not divide num_attention_heads {inst.heads}; "
                 f"use one of {', '.join(map(str, fits))}")
         if inst.kv_heads is not None and inst.kv_heads % inst.tp and inst.tp % inst.kv_heads:

@@ -277,6 +277,19 @@ def test_infeasible_search_gives_up_quickly_with_a_clear_message():
     assert time.perf_counter() - start < 2
 
 
+def test_a_huge_head_count_is_refused_at_once():
+    # found by test_property_odd_values_raise_plan_errors_only (hypothesis): the hint listing the
+    # tensor_parallel_size values that fit looped over every divisor candidate of num_attention_heads
+    # (6e16 of them here: the play hung); it now stops at the host's GPU count
+    facts = load_host("seed-8x-rtxpro6000")
+    start = time.perf_counter()
+    with pytest.raises(AnsibleFilterError, match=r"needs 60441005431761740 GPUs but this host has 8 GPUs; .*"
+                                                 r"values that fit here: 1, 2, 3, 4, 6, 8\)"):
+        gpu_plan(facts["gpus"], [{"name": "x", "tensor_parallel_size": 60441005431761740,
+                                  "num_attention_heads": 60441005431761744}], links=facts["gpu_links"])
+    assert time.perf_counter() - start < 2
+
+
 # --------------------------------------------------------------------------- gpu_plan_table
 
 def test_table_for_the_seed_case():
