@@ -31,10 +31,14 @@ def run_pass(host, textfile=TEXTFILE):
 
 @contextlib.contextmanager
 def every(host, seconds):
-    """The timer at ``seconds`` inside the block (a runtime drop-in, removed after)."""
+    """The timer at ``seconds`` inside the block (a runtime drop-in, removed after). One empty assignment resets
+    every trigger of the unit (any of them, not only its own kind: a second one would drop OnActiveSec again and
+    leave a timer that never elapses)."""
     host.check_output(f"mkdir -p {_DROPIN} && printf '[Timer]\\nOnActiveSec=\\nOnActiveSec={seconds}\\n"
-                      f"OnUnitInactiveSec=\\nOnUnitInactiveSec={seconds}\\n' > {_DROPIN}/molecule.conf && "
+                      f"OnUnitInactiveSec={seconds}\\n' > {_DROPIN}/molecule.conf && "
                       f"systemctl daemon-reload && systemctl restart {TIMER}")
+    nxt = host.check_output(f"systemctl show --property=NextElapseUSecMonotonic --value {TIMER}")
+    assert nxt and nxt != "infinity", f"{TIMER} has no next pass: {nxt!r}"
     try:
         yield
     finally:
