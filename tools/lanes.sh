@@ -3,7 +3,8 @@
 # usage: lanes.sh NAME "COMMAND" [NAME "COMMAND" ...]
 # The first lane writes to this terminal as it goes; the others write to .cache/logs/lane-NAME.log,
 # which is printed whole when that lane ends (so no two lanes' lines interleave). make test runs the
-# static checks beside the Molecule scenarios that start no vLLM (see the Makefile's test target).
+# static checks beside the Molecule scenarios that serve no vLLM for long and units-old (see the
+# Makefile's test target).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 logs=$root/.cache/logs
