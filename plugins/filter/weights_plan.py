@@ -23,14 +23,14 @@ def weights_models(models, keys, host=None, models_dir="/var/lib/inferops/models
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def weights_fanout(wanted_by_host, host, fanout=False, source=None, hosts=None, models_dir=None):
+def weights_fanout(wanted_by_host, host, fanout=False, source=None, hosts=None, models_dir=None, degree=0):
     """Where one host gets each snapshot (endpoint or another host); see weights_fanout.yml."""
     if not isinstance(wanted_by_host, dict):
         raise AnsibleFilterError("weights_fanout: the input must be a dict host -> weights_models(...).models, got %s"
                                  % type(wanted_by_host).__name__)
     try:
         return fanout_plan(wanted_by_host, host, fanout=bool(fanout), source=source or None, hosts=hosts,
-                           models_dir=models_dir)
+                           models_dir=models_dir, degree=degree)
     except WeightsPlanError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 

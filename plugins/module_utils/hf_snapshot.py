@@ -44,6 +44,9 @@ HF_DOWNLOAD_DIR = os.path.join(".cache", "huggingface", "download")
 # Partial files of the parallel-range path (range_fetch), with their chunk state; kept across runs.
 PARTIAL_DIR = os.path.join(".cache", "inferops", "partial")
 PARTIAL_SUFFIX = ".part"
+# The listing of a snapshot being fetched (the manifest's shape, no records): a fan-out mirror on this host
+# relays the snapshot to the next host from it while the files arrive (files/hub_mirror.py --relay).
+LISTING_NAME = os.path.join(".cache", "inferops", "listing.json")
 DEFAULT_RANGE_CONNECTIONS = 4
 DEFAULT_RANGE_CHUNK_MIB = 32
 # Endpoints served through huggingface_hub (Xet) even when given explicitly.
@@ -740,7 +743,10 @@ class Snapshot(object):
         for root, _dirs, names in os.walk(ptop):
             for name in names:
                 p = os.path.join(root, name)
-                base = p[:-len(".json")] if name.endswith(PARTIAL_SUFFIX + ".json") else p
+                base = p
+                for side in (".json", range_fetch.FILL_SUFFIX):
+                    if name.endswith(PARTIAL_SUFFIX + side):
+                        base = p[:-len(side)]
                 if base in keep_parts:
                     continue
                 n = self._remove_counted(p)
@@ -860,10 +866,11 @@ class Snapshot(object):
         if not os.path.isdir(parent):
             os.makedirs(parent, exist_ok=True)
         os.replace(part, final)
-        try:
-            os.remove(part + ".json")
-        except FileNotFoundError:
-            pass
+        for side in (part + ".json", part + range_fetch.FILL_SUFFIX):
+            try:
+                os.remove(side)
+            except FileNotFoundError:
+                pass
         return digest
 
     def _download_file_hf(self, sha, rel):
@@ -1039,6 +1046,10 @@ class Snapshot(object):
             return self._check_mode_result(result, to_download, missing_bytes, stale_count, verification, t_start)
 
         # 4. Download what is missing or bad; verify each file as it lands.
+        if to_download:
+            os.makedirs(os.path.dirname(os.path.join(self.dest, LISTING_NAME)), exist_ok=True)
+            write_json_atomic(os.path.join(self.dest, LISTING_NAME), build_manifest(
+                self.repo_id, sha, tree, {p: {"size": tree[p]["size"]} for p in selected}))
         done, dl_seconds = self._download_missing(sha, tree, to_download, repaired, missing_bytes, verification, new_records)
 
         # 5. Completeness against the weight index(es).
@@ -1210,6 +1221,10 @@ class Snapshot(object):
         if missing_records:  # cannot happen; guards the manifest's promise
             raise SnapshotError("internal: unverified files left: %s" % ", ".join(missing_records[:5]))
         new_manifest = build_manifest(self.repo_id, sha, tree, {p: new_records[p] for p in selected})
+        try:
+            os.remove(os.path.join(self.dest, LISTING_NAME))  # the manifest now speaks for the snapshot
+        except FileNotFoundError:
+            pass
         if manifest != new_manifest:
             path = os.path.join(self.dest, MANIFEST_NAME)
             write_json_atomic(path, new_manifest)

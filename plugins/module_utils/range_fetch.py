@@ -19,6 +19,10 @@ How a file is fetched (details and measurements in docs/weights.md):
 * A sidecar ``.part.json`` records finished chunks (written after their bytes). A later process
   resumes with only the missing chunks; the hasher re-reads the finished prefix from disk (no
   network). A dropped connection is retried from the last byte written, within the chunk.
+* A sidecar ``.part.fill`` (binary: a header, then one little-endian u64 per chunk, the bytes written
+  from the chunk's start) is updated after every write. It lets a fan-out mirror on this host relay
+  the file to the next host while it is still arriving (roles/vllm_weights/files/hub_mirror.py,
+  ``--relay``), which reads it.
 * A 200 answer to a Range request, a redirect, or a wrong ``Content-Range`` raises
   :class:`RangeUnsupported`: the caller falls back to huggingface_hub.
 """
@@ -29,6 +33,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import threading
 import time
 
@@ -40,6 +45,10 @@ READ_BUF = 1 << 20
 HASH_BUF = 4 << 20
 CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 NO_RETRY_HTTP = (400, 401, 403, 404, 410, 416)
+FILL_MAGIC = b"IOPSFIL1"
+FILL_HEADER = struct.Struct("<8sQQ")  # magic, file size, chunk size
+FILL_SLOT = struct.Struct("<Q")
+FILL_SUFFIX = ".fill"
 
 
 class RangeUnsupported(Exception):
@@ -189,7 +198,7 @@ class _State(object):
 
 
 def remove_partial(part_path):
-    for p in (part_path, part_path + ".json"):
+    for p in (part_path, part_path + ".json", part_path + FILL_SUFFIX):
         try:
             os.remove(p)
         except FileNotFoundError:
@@ -228,6 +237,26 @@ def _open_part(part_path):
     return os.open(part_path, os.O_RDWR | os.O_CREAT, 0o644)
 
 
+def _open_fill(part_path, size, chunk, written):
+    """Create ``<part>.fill`` afresh with the bytes written of each chunk; returns its fd (None if it cannot)."""
+    path = part_path + FILL_SUFFIX
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = None
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, FILL_HEADER.pack(FILL_MAGIC, size, int(chunk)) + b"".join(FILL_SLOT.pack(w) for w in written))
+        os.replace(tmp, path)
+        return fd
+    except OSError:  # the relay is an extra: a fetch without it still works
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return None
+
+
 def _preallocate(fd, size):
     """Reserve ``size`` bytes for the file, with ftruncate where fallocate is unsupported (never on a full disk)."""
     try:
@@ -251,13 +280,14 @@ class _Transfer(object):
     """One ``fetch`` in flight: the chunks, the bytes written of each, the connection threads and the hasher."""
 
     def __init__(self, url, part_path, fd, size, chunks, state, stats, headers, chunk, timeout, retries, backoff,
-                 on_bytes, on_retry, sleep, stop):
+                 on_bytes, on_retry, sleep, stop, fill_fd=None):
         """Take the fetch's options; chunks already in ``state`` count as written, the others are pending."""
         self.url, self.part_path, self.fd, self.size = url, part_path, fd, size
         self.chunks, self.state, self.stats = chunks, state, stats
         self.headers, self.chunk, self.timeout = headers, chunk, timeout
         self.retries, self.backoff, self.sleep, self.stop = retries, backoff, sleep, stop
         self.on_bytes, self.on_retry = on_bytes, on_retry
+        self.fill_fd = fill_fd
         self.written = [0] * len(chunks)  # bytes written from each chunk's start
         for i in state.done:
             if 0 <= i < len(chunks):
@@ -356,7 +386,10 @@ class _Transfer(object):
             left -= n
             with self.cond:
                 self.written[index] += n
+                w = self.written[index]
                 self.cond.notify_all()
+            if self.fill_fd is not None:  # after the bytes: a reader of the fill never sees a byte not written
+                os.pwrite(self.fill_fd, FILL_SLOT.pack(w), FILL_HEADER.size + FILL_SLOT.size * index)
             with self.lock:
                 self.stats["fetched_bytes"] += n
             if self.on_bytes is not None:
@@ -464,6 +497,7 @@ def fetch(url, part_path, size, kind, expected, headers=None, connections=4, chu
     chunks = plan_chunks(size, chunk)
     state, resumed = _open_state(part_path, size, chunk, expected)
     fd = _open_part(part_path)
+    fill_fd = None
     stats = {"connections": 0, "chunks": len(chunks), "chunk_bytes": int(chunk), "resumed_bytes": 0,
              "fetched_bytes": 0, "requests": 0, "retries": 0, "digest": None}
     try:
@@ -473,6 +507,7 @@ def fetch(url, part_path, size, kind, expected, headers=None, connections=4, chu
         transfer = _Transfer(url, part_path, fd, size, chunks, state, stats, headers=headers, chunk=chunk,
                              timeout=timeout, retries=retries, backoff=backoff, on_bytes=on_bytes,
                              on_retry=on_retry, sleep=sleep, stop=stop)
+        fill_fd = transfer.fill_fd = _open_fill(part_path, size, chunk, transfer.written)
         resumed_bytes = sum(transfer.written)
         stats["resumed_bytes"] = resumed_bytes
         if resumed_bytes and on_resumed is not None:
@@ -482,3 +517,5 @@ def fetch(url, part_path, size, kind, expected, headers=None, connections=4, chu
         return stats
     finally:
         os.close(fd)
+        if fill_fd is not None:
+            os.close(fill_fd)

@@ -121,19 +121,28 @@ def _selection(item):
     return (item.get("allow_patterns"), item.get("ignore_patterns"), item.get("verify"))
 
 
-def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, models_dir=None):
+def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, models_dir=None, degree=0):
     """For ``host``: what to fetch from the endpoint, what to copy from which host, whom to serve.
 
     ``wanted_by_host``: host -> its ``wanted_models(...)["models"]`` (every host of the play batch).
     ``hosts``: the play batch in order (default: the keys of ``wanted_by_host`` in order). Without
     ``fanout`` every host fetches its own models from the endpoint. With it, each snapshot (id) is
     fetched once from the endpoint by ``source`` (when given) or by the first host of ``hosts`` that
-    needs it, and copied by the other hosts that need it from that host.
+    needs it (its root), and copied by the other hosts that need it along a tree: in batch order, the
+    k-th host that copies it (k = 1, 2 ...) copies it from the ((k - 1) // ``degree``)-th host of the
+    list [root, 1st, 2nd ...]. ``degree`` 1 is a chain, 2 a binary tree, 0 a star (every host copies
+    from the root). An inner host relays what it receives while it receives it (files/hub_mirror.py
+    ``--relay``), so a chain costs the root one copy and about one host's time.
 
-    Returns ``{"endpoint": [items], "peer": [{"source", "item"}], "serve": bool, "clients": [hosts],
-    "sources": {id: host}}``. ``endpoint`` may hold snapshots this host does not need itself (an
-    explicit source fetches whatever any host needs); those items carry ``"serve_only": true`` and,
-    with ``models_dir``, this host's directories.
+    Returns ``{"endpoint": [items], "peer": [{"source", "via", "item"}], "serve": bool, "clients": [hosts],
+    "reach": [hosts], "relay": bool, "sources": {id: root}, "routes": {id: [[host, from], ...]}}``.
+    ``peer[].via`` is the host's ancestors in the tree, nearest first (the parent, then its parent ...
+    up to the root): when a host between drops out of the play, the copy comes from the next one.
+    ``clients`` are the hosts that copy from this host as planned, ``reach`` every host below it in a
+    tree (who may come to it when a host between drops out), ``relay`` whether it serves a snapshot it
+    copies itself. ``routes`` is the whole tree of each snapshot, the same on every host. ``endpoint``
+    may hold snapshots this host does not need itself (an explicit source fetches whatever any host
+    needs); those items carry ``"serve_only": true`` and, with ``models_dir``, this host's directories.
     """
     order = list(hosts) if hosts is not None else list(wanted_by_host)
     problems = []
@@ -141,31 +150,53 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
         raise WeightsPlanError(["the play's hosts do not include %s (vllm_weights_wanted missing)" % host], host)
     mine = list(wanted_by_host.get(host) or [])
     if not fanout:
-        return {"endpoint": mine, "peer": [], "serve": False, "clients": [], "sources": {}}
+        return {"endpoint": mine, "peer": [], "serve": False, "clients": [], "reach": [], "relay": False,
+                "sources": {}, "routes": {}}
     if source and source not in order:
         raise WeightsPlanError(["vllm_weights_fanout_source %s is not a host of this play batch (%s); name one of "
                                 "them, or leave it empty for the first host that needs each model"
                                 % (source, ", ".join(order))], host)
-    sources, first_item = {}, {}
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 0:
+        raise WeightsPlanError(["vllm_weights_fanout_degree must be a whole number >= 0 (1: a chain, 2: a binary "
+                                "tree, 0: every host copies from the source), got %r" % (degree,)], host)
+    sources, first_item, members = {}, {}, {}
     for h in order:
         for item in wanted_by_host.get(h) or []:
             other = first_item.get(item["id"])
             if other is None:
                 first_item[item["id"]] = (h, item)
                 sources[item["id"]] = source or h
+                members[item["id"]] = [source or h]
             elif _selection(other[1]) != _selection(item):
                 problems.append("%s is fetched with different allow_patterns/ignore_patterns/verify on %s and %s; "
                                 "fan-out copies one snapshot: use the same values on every host"
                                 % (item["id"], other[0], h))
+            if h != members[item["id"]][0]:
+                members[item["id"]].append(h)
     if problems:
         raise WeightsPlanError(problems, host)
+    parents, routes = {}, {}
+    for item_id, tree in members.items():
+        up = {}
+        for k in range(1, len(tree)):
+            up[tree[k]] = tree[(k - 1) // degree] if degree else tree[0]
+        parents[item_id] = up
+        routes[item_id] = [[tree[0], ""]] + [[h, up[h]] for h in tree[1:]]
+
+    def ancestors(item_id, h):
+        chain, up = [], parents[item_id]
+        while h in up:
+            h = up[h]
+            chain.append(h)
+        return chain
+
     endpoint, peer = [], []
     for item in mine:
-        src = sources[item["id"]]
-        if src == host:
+        if sources[item["id"]] == host:
             endpoint.append(item)
         else:
-            peer.append({"source": src, "item": item})
+            via = ancestors(item["id"], host)
+            peer.append({"source": via[0], "via": via, "item": item})
     mine_ids = {i["id"] for i in mine}
     for item_id, src in sources.items():
         if src == host and item_id not in mine_ids:
@@ -173,8 +204,15 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
             if models_dir:
                 extra.update(snapshot_dirs(models_dir, extra["repo_id"]))
             endpoint.append(extra)
-    clients = []
+    clients, reach, relayed = [], [], set()
     for h in order:
-        if h != host and any(sources[i["id"]] == host for i in wanted_by_host.get(h) or []):
+        if h == host:
+            continue
+        ups = [(item_id, ancestors(item_id, h)) for item_id in parents if h in parents[item_id]]
+        if any(via[0] == host for _i, via in ups):
             clients.append(h)
-    return {"endpoint": endpoint, "peer": peer, "serve": bool(clients), "clients": clients, "sources": sources}
+        if any(host in via for _i, via in ups):
+            reach.append(h)
+            relayed.update(i for i, via in ups if host in via and sources[i] != host)
+    return {"endpoint": endpoint, "peer": peer, "serve": bool(clients), "clients": clients, "reach": reach,
+            "relay": bool(relayed), "sources": sources, "routes": routes}

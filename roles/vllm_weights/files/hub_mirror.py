@@ -23,10 +23,19 @@ What it serves, from ``--root`` laid out as ``<root>/<org>/<name>/<sha>/`` (the 
   Copying hosts fetch large files in parallel ranges (``range_connections`` of ``hf_snapshot``),
   one thread per connection here, each answered with ``sendfile`` from the page cache.
 
+With ``--relay`` (a host of a fan-out tree that is itself still copying the snapshot) it also serves a
+snapshot while it arrives: the listing comes from the ``listing.json`` that ``hf_snapshot`` writes before its
+first byte (the Hub's listing, as the manifest's), a finished file is served as it is, and a file still
+arriving is served from its partial file as far as its ``.fill`` sidecar (written by
+``module_utils/range_fetch.py`` after the bytes) says the bytes are there, waiting for the rest. A request
+for something that has not arrived yet waits up to ``--stall-timeout`` seconds without progress; the
+client verifies every file against the listing whatever it was served from.
+
 Clients outside ``--allow`` (addresses or networks; none given = everyone) get 403. Nothing is
 written and no path from a URL reaches the file system except through the manifest's keys.
 
 usage: python hub_mirror.py --root DIR [--bind ADDR] [--port N] [--allow ADDR|CIDR ...] [--staged]
+                            [--relay [--stall-timeout S]]
 """
 from __future__ import annotations
 
@@ -38,6 +47,8 @@ import os
 import re
 import signal
 import socket
+import stat
+import struct
 import sys
 import threading
 import time
@@ -49,6 +60,15 @@ MANIFEST_FORMAT = 1
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 CHUNK = 1 << 20
+# Written by hf_snapshot (module_utils/hf_snapshot.py, range_fetch.py) while a snapshot arrives.
+LISTING_NAME = os.path.join(".cache", "inferops", "listing.json")
+PARTIAL_DIR = os.path.join(".cache", "inferops", "partial")
+PARTIAL_SUFFIX = ".part"
+FILL_SUFFIX = ".fill"
+FILL_MAGIC = b"IOPSFIL1"
+FILL_HEADER = struct.Struct("<8sQQ")  # magic, file size, chunk size; then one u64 per chunk
+FILL_SLOT = struct.Struct("<Q")
+RELAY_POLL_S = 0.02
 
 
 def lfs_pointer_size(sha256, size):
@@ -56,10 +76,38 @@ def lfs_pointer_size(sha256, size):
     return len("version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (sha256, size))
 
 
-def load_manifest(snapshot_dir, repo_id, sha):
-    """The hf_snapshot manifest of this snapshot, or None when absent or not for this repo and sha."""
+def fill_available(fill_fd, off):
+    """Bytes readable at ``off`` of a file still arriving, from its ``.fill`` sidecar (range_fetch writes it).
+
+    The sidecar holds, per chunk, the bytes written from the chunk's start, updated after the bytes
+    themselves; 0 means the byte at ``off`` has not arrived. ValueError when it is not a fill file.
+    """
+    head = os.pread(fill_fd, FILL_HEADER.size, 0)
+    if len(head) != FILL_HEADER.size:
+        raise ValueError("short fill header")
+    magic, size, chunk = FILL_HEADER.unpack(head)
+    if magic != FILL_MAGIC or chunk <= 0:
+        raise ValueError("not a fill file")
+    if off >= size:
+        return 0
+    i = off // chunk
+    raw = os.pread(fill_fd, FILL_SLOT.size, FILL_HEADER.size + FILL_SLOT.size * i)
+    if len(raw) != FILL_SLOT.size:
+        return 0
+    return max(0, i * chunk + min(FILL_SLOT.unpack(raw)[0], chunk) - off)
+
+
+def fill_size(fill_fd):
+    head = os.pread(fill_fd, FILL_HEADER.size, 0)
+    if len(head) != FILL_HEADER.size or FILL_HEADER.unpack(head)[0] != FILL_MAGIC:
+        raise ValueError("not a fill file")
+    return FILL_HEADER.unpack(head)[1]
+
+
+def load_manifest(snapshot_dir, repo_id, sha, name=MANIFEST_NAME):
+    """The hf_snapshot manifest (or, with ``name``, listing) of this snapshot; None when absent or not for it."""
     try:
-        with open(os.path.join(snapshot_dir, MANIFEST_NAME)) as f:
+        with open(os.path.join(snapshot_dir, name)) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return None
@@ -72,12 +120,38 @@ def load_manifest(snapshot_dir, repo_id, sha):
     return doc
 
 
+def _is_file(st):
+    return stat.S_ISREG(st.st_mode)
+
+
 def tree_entry(path, meta):
     entry = {"type": "file", "path": path, "size": int(meta["size"]), "oid": meta.get("oid")}
     if meta.get("sha256"):
         entry["lfs"] = {"oid": meta["sha256"], "size": int(meta["size"]),
                         "pointerSize": lfs_pointer_size(meta["sha256"], int(meta["size"]))}
     return entry
+
+
+class Pacer(object):
+    """Caps the mirror's sending rate over all its connections (``--max-rate``; 0 = no cap)."""
+
+    SLICE = 256 << 10
+
+    def __init__(self, rate_bytes_s=0.0):
+        self.rate = float(rate_bytes_s)
+        self.lock = threading.Lock()
+        self.next = 0.0
+
+    def take(self, n):
+        """Wait for the turn of ``n`` more bytes."""
+        if self.rate <= 0:
+            return
+        with self.lock:
+            now = time.monotonic()
+            at = max(now, self.next)
+            self.next = at + n / self.rate
+        if at > now:
+            time.sleep(at - now)
 
 
 class Stats(object):
@@ -88,10 +162,14 @@ class Stats(object):
         self.bytes_sent = 0
         self.clients = {}
         self.refused = 0
+        self.relayed_bytes = 0
+        self.relay_waits = 0
         self.started = time.time()
 
-    def add(self, client, sent, file_body, first=True):
+    def add(self, client, sent, file_body, first=True, relayed=0, waited=False):
         with self.lock:
+            self.relayed_bytes += relayed
+            self.relay_waits += 1 if waited else 0
             self.requests += 1
             self.bytes_sent += sent
             if file_body:  # clients: model file bytes per client address
@@ -102,6 +180,7 @@ class Stats(object):
         with self.lock:
             return {"requests": self.requests, "files_sent": self.files, "bytes_sent": self.bytes_sent,
                     "clients": dict(self.clients), "refused": self.refused,
+                    "relayed_bytes": self.relayed_bytes, "relay_waits": self.relay_waits,
                     "uptime_s": round(time.time() - self.started, 1)}
 
 
@@ -110,9 +189,13 @@ class MirrorServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 64
 
-    def __init__(self, root, bind="127.0.0.1", port=0, allow=None, quiet=False, staged=False):
+    def __init__(self, root, bind="127.0.0.1", port=0, allow=None, quiet=False, staged=False, relay=False,
+                 stall_timeout=120.0, max_rate=0.0):
         self.root = os.path.realpath(root)
+        self.pacer = Pacer(max_rate)
         self.staged = staged
+        self.relay = relay
+        self.stall_timeout = float(stall_timeout)
         self.allow = [ipaddress.ip_network(a, strict=False) for a in (allow or [])]
         self.stats = Stats()
         self.quiet = quiet
@@ -136,13 +219,21 @@ class MirrorServer(ThreadingHTTPServer):
         return addr.is_loopback or any(addr in net for net in self.allow if net.version == addr.version)
 
     def snapshot(self, org, name, sha):
-        """(snapshot dir, manifest) for a repo and sha, or (None, None)."""
+        """(snapshot dir, manifest or listing, arriving) for a repo and sha, or (None, None, False).
+
+        ``arriving``: the snapshot is still being fetched on this host (``--relay`` only); the document is then
+        the listing hf_snapshot wrote before its first byte.
+        """
         if not (NAME_RE.match(org) and NAME_RE.match(name) and SHA_RE.match(sha)):
-            return None, None
+            return None, None, False
         snap = os.path.join(self.root, org, name, sha)
         if not os.path.isdir(snap):
-            return None, None
-        return snap, load_manifest(snap, "%s/%s" % (org, name), sha)
+            return None, None, False
+        doc = load_manifest(snap, "%s/%s" % (org, name), sha)
+        if doc is None and self.relay:
+            doc = load_manifest(snap, "%s/%s" % (org, name), sha, LISTING_NAME)
+            return snap, doc, doc is not None
+        return snap, doc, False
 
     def handle_error(self, request, client_address):
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
@@ -216,25 +307,37 @@ class MirrorHandler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _lookup(self, org, name, rev):
-        """The manifest for org/name@rev, or None after sending the Hub's error."""
-        if not (NAME_RE.match(org) and NAME_RE.match(name)) or not os.path.isdir(os.path.join(self.server.root, org, name)):
+        """(snapshot dir, manifest or listing, arriving) for org/name@rev, or None after sending the Hub's error.
+
+        A relay waits up to its stall timeout for a snapshot that has not started arriving: the host that
+        copies from it starts at the same time as it does.
+        """
+        names_ok = bool(NAME_RE.match(org) and NAME_RE.match(name))
+        rev_ok = rev is not None and bool(SHA_RE.match(rev))
+        deadline = time.monotonic() + (self.server.stall_timeout if self.server.relay else 0)
+        while True:
+            repo_ok = names_ok and os.path.isdir(os.path.join(self.server.root, org, name))
+            snap, manifest, arriving = self.server.snapshot(org, name, rev) if repo_ok and rev_ok else (None, None, False)
+            if manifest is not None or not (names_ok and rev_ok) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if not repo_ok:
             self._error(404, "RepoNotFound", "Repository not found on this mirror")
             return None
-        if rev is None or not SHA_RE.match(rev):
+        if not rev_ok:
             self._error(404, "RevisionNotFound", "Invalid rev id: %s (this mirror serves commit shas only)" % rev)
             return None
-        snap, manifest = self.server.snapshot(org, name, rev)
         if manifest is None:
             self._error(404, "RevisionNotFound", "Invalid rev id: %s (no verified snapshot of %s/%s on this mirror)"
                         % (rev, org, name))
             return None
-        return snap, manifest
+        return snap, manifest, arriving
 
     def _model_info(self, org, name, rev, query):
         found = self._lookup(org, name, rev)
         if found is None:
             return
-        _snap, manifest = found
+        _snap, manifest, _arriving = found
         blobs = query.get("blobs", ["false"])[0].lower() == "true"
         siblings = []
         for path, meta in sorted(manifest["tree"].items()):
@@ -254,7 +357,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
         found = self._lookup(org, name, rev)
         if found is None:
             return
-        _snap, manifest = found
+        _snap, manifest, _arriving = found
         prefix = sub + "/" if sub else ""
         entries = [tree_entry(p, meta) for p, meta in sorted(manifest["tree"].items()) if p.startswith(prefix)]
         if sub and not entries:
@@ -272,7 +375,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
         found = self._lookup(org, name, rev)
         if found is None:
             return
-        snap, manifest = found
+        snap, manifest, arriving = found
         meta = manifest["tree"].get(rel)
         record = manifest["files"].get(rel)
         if meta is None:
@@ -284,6 +387,8 @@ class MirrorHandler(BaseHTTPRequestHandler):
         full = os.path.join(snap, *rel.split("/"))
         if not os.path.realpath(full).startswith(os.path.realpath(snap) + os.sep):
             return self._error(404, "EntryNotFound", "%s is outside the snapshot" % rel, {"X-Repo-Commit": rev})
+        if arriving:
+            return self._relay(snap, rel, full, meta, rev)
         try:
             fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -298,7 +403,99 @@ class MirrorHandler(BaseHTTPRequestHandler):
                                    "source" % rel, {"X-Repo-Commit": rev})
             self._serve(f, st.st_size, meta, rev)
 
-    def _serve(self, f, size, meta, rev):
+    def _open_arriving(self, snap, rel, full, size):
+        """(file, fill fd or None) of a file of a snapshot still arriving, or None when it has not started.
+
+        The partial file with its fill sidecar while it arrives; the file in place once it has (the fetch renames
+        the partial file into place only after it verified it, so a fd opened on either stays valid).
+        """
+        part = os.path.join(snap, PARTIAL_DIR, *rel.split("/")) + PARTIAL_SUFFIX
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(part, flags)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                fill = os.open(part + FILL_SUFFIX, os.O_RDONLY)
+            except OSError:
+                fill = None
+            if fill is not None:
+                try:
+                    if fill_size(fill) == size:
+                        return os.fdopen(fd, "rb"), fill
+                except (OSError, ValueError):
+                    pass
+                os.close(fill)
+            os.close(fd)
+        try:
+            fd = os.open(full, flags)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if _is_file(st) and st.st_size == size:
+            return os.fdopen(fd, "rb"), None
+        os.close(fd)
+        return None
+
+    def _relay(self, snap, rel, full, meta, rev):
+        """Serve a file of a snapshot still arriving on this host: as far as it has arrived, then as it arrives."""
+        size = int(meta["size"])
+        if self.command == "HEAD":  # the listing answers; the client's GET waits for the bytes
+            return self._serve(None, size, meta, rev)
+        deadline = time.monotonic() + self.server.stall_timeout
+        opened = self._open_arriving(snap, rel, full, size)
+        waited = opened is None
+        while opened is None:
+            if time.monotonic() >= deadline:
+                return self._error(503, None, "%s has not started arriving on this relay in %d s; its own fetch "
+                                   "is stalled or failed" % (rel, self.server.stall_timeout), {"X-Repo-Commit": rev})
+            time.sleep(0.2)
+            opened = self._open_arriving(snap, rel, full, size)
+        f, fill = opened
+        try:
+            with f:
+                self._serve(f, size, meta, rev, fill, waited)
+        finally:
+            if fill is not None:
+                os.close(fill)
+
+    def _send_arriving(self, f, fill, start, length):
+        """Send ``length`` bytes from ``start`` as the fill says they have arrived; returns (sent, waited)."""
+        off, end, waited = start, start + length, False
+        last = time.monotonic()
+        while off < end:
+            avail = min(fill_available(fill, off), end - off)
+            if avail <= 0:
+                if time.monotonic() - last >= self.server.stall_timeout:
+                    self.close_connection = True  # the client sees a short body and resumes from its last byte
+                    break
+                waited = True
+                time.sleep(RELAY_POLL_S)
+                continue
+            n = self._sendfile(f, off, avail)
+            if not n:
+                break
+            off += n
+            last = time.monotonic()
+        return off - start, waited
+
+    def _sendfile(self, f, off, count):
+        """sendfile ``count`` bytes from ``off``, paced by ``--max-rate``; returns the bytes sent."""
+        pacer = self.server.pacer
+        if pacer.rate <= 0:
+            return self.connection.sendfile(f, off, count)
+        sent = 0
+        while sent < count:
+            n = min(pacer.SLICE, count - sent)
+            pacer.take(n)
+            got = self.connection.sendfile(f, off + sent, n)
+            if not got:
+                break
+            sent += got
+        return sent
+
+    def _serve(self, f, size, meta, rev, fill=None, waited=False):
         headers = {"X-Repo-Commit": rev, "Accept-Ranges": "bytes"}
         if meta.get("sha256"):
             headers["ETag"] = '"%s"' % meta["sha256"]
@@ -334,10 +531,14 @@ class MirrorHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
         sent = 0
         try:
-            if length:
-                sent = self.connection.sendfile(f, start, length)
+            if length and fill is not None:
+                sent, more = self._send_arriving(f, fill, start, length)
+                waited = waited or more
+            elif length:
+                sent = self._sendfile(f, start, length)
         finally:
-            self.server.stats.add(self.client_address[0], sent, True, first=start == 0)
+            self.server.stats.add(self.client_address[0], sent, True, first=start == 0,
+                                  relayed=sent if fill is not None else 0, waited=waited)
 
 
 def main(argv=None):
@@ -350,12 +551,19 @@ def main(argv=None):
     ap.add_argument("--quiet", action="store_true", help="no line per request on stderr")
     ap.add_argument("--staged", action="store_true",
                     help="ROOT holds copies of verified snapshots: serve files whose size matches the listing")
+    ap.add_argument("--relay", action="store_true",
+                    help="also serve snapshots still arriving on this host (a fan-out tree's inner hosts)")
+    ap.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
+                    help="with --relay: longest wait without progress for a snapshot or bytes (default 120)")
+    ap.add_argument("--max-rate", type=float, default=0.0, metavar="MIB_S",
+                    help="cap on the bytes sent per second over all clients, in MiB/s (default 0: no cap)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.root):
         sys.stderr.write("hub_mirror: --root %s is not a directory\n" % args.root)
         return 2
     try:
-        server = MirrorServer(args.root, args.bind, args.port, args.allow, args.quiet, args.staged)
+        server = MirrorServer(args.root, args.bind, args.port, args.allow, args.quiet, args.staged, args.relay,
+                              args.stall_timeout, args.max_rate * (1 << 20))
     except (OSError, ValueError) as e:
         sys.stderr.write("hub_mirror: cannot serve on %s:%s: %s\n" % (args.bind, args.port, e))
         return 2

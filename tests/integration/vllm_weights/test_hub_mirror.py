@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from hf_snapshot_helpers import GOOD_TOKEN, base_params, run_inproc, sha256_of
+from hf_snapshot_helpers import BULK_MIB, GOOD_TOKEN, base_params, run_inproc, sha256_of, start_subprocess
 from hub_mirror import MirrorServer
 from hub_mirror import main as mirror_main
 from weights_progress import poll
@@ -236,3 +237,114 @@ def test_progress_of_an_earlier_run_is_ignored(tmp_path):
     write(job, {"started": True, "finished": False})
     out = poll(prog, job)
     assert out["phase"] == "starting" and out["finished"] is False
+
+
+# ---- relay: a fan-out tree's inner host serves what is still arriving -----------------------------------
+
+BULK_FILE = "bulk-00001-of-00001.safetensors"
+
+
+def start_mirror(root, **kw):
+    srv = MirrorServer(str(root), "127.0.0.1", 0, quiet=True, **kw)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def stop_mirror(srv):
+    srv.shutdown()
+    srv.server_close()
+
+
+def finish(proc):
+    out, err = proc.communicate(timeout=120)
+    assert out.strip(), err
+    return json.loads(out)
+
+
+def test_a_relay_serves_a_snapshot_while_it_arrives(hub, repos, tmp_path):
+    """root (verified, paced to 8 MiB/s) -> A (copying, relays) -> B: B copies from A while A's copy arrives.
+
+    The root sends the model once; A relays most of the big file from its partial file; B ends with a snapshot
+    verified by sha256 against the listing, and no host asked the Hub for anything after the root's fetch.
+    """
+    sha = repos.sha["acme/bulk"]
+    root_models = tmp_path / "root"
+    res = run_inproc(base_params(hub, repos, root_models / "acme" / "bulk" / sha, repo="acme/bulk", verify="sha256"))
+    assert not res.get("failed"), res
+    model_bytes = res["total_bytes"]
+    hub.reset_stats()
+    root = start_mirror(root_models, max_rate=8 << 20)
+    a_models, b_models = tmp_path / "a", tmp_path / "b"
+    a_models.mkdir()
+    relay = start_mirror(a_models, relay=True, stall_timeout=20)
+    try:
+        common = {"repo_id": "acme/bulk", "revision": sha, "verify": "sha256", "retries": 2, "retry_backoff": 0.2,
+                  "disk_margin_mib": 1, "range_chunk_mib": 1, "timeout": 30}
+        (tmp_path / "pa").mkdir()
+        (tmp_path / "pb").mkdir()
+        b = start_subprocess(dict(common, dest=str(b_models / "acme" / "bulk" / sha),
+                                  endpoint="http://127.0.0.1:%d" % relay.port), tmp_path / "pb")
+        time.sleep(0.5)  # B asks first: the relay waits for A's listing
+        a = start_subprocess(dict(common, dest=str(a_models / "acme" / "bulk" / sha),
+                                  endpoint="http://127.0.0.1:%d" % root.port), tmp_path / "pa")
+        res_a, res_b = finish(a), finish(b)
+    finally:
+        stop_mirror(root)
+        stop_mirror(relay)
+    assert not res_a.get("failed") and not res_b.get("failed"), (res_a, res_b)
+    assert res_b["verification"]["result"] == "ok" and res_b["verification"]["mode"] == "sha256"
+    assert hub.stats.requests == [], "a copying host asked the Hub"
+    names = model_files(root_models / "acme" / "bulk" / sha)
+    for host in (a_models, b_models):
+        dest = host / "acme" / "bulk" / sha
+        assert model_files(dest) == names
+        assert sha256_of(dest / BULK_FILE) == sha256_of(root_models / "acme" / "bulk" / sha / BULK_FILE)
+        assert not os.path.exists(dest / ".cache" / "inferops" / "listing.json")
+        assert not os.listdir(dest / ".cache" / "inferops" / "partial") if os.path.isdir(
+            dest / ".cache" / "inferops" / "partial") else True
+    sent_root, sent_relay = root.stats.as_dict(), relay.stats.as_dict()
+    # the root's clients: A only, one copy of the files (ranges may be retried, never the whole file twice)
+    assert list(sent_root["clients"]) == ["127.0.0.1"]
+    assert model_bytes <= sent_root["clients"]["127.0.0.1"] < model_bytes * 1.5
+    assert sent_relay["clients"]["127.0.0.1"] >= model_bytes
+    # streamed, not stored and forwarded: most of the big file left A before A had it whole
+    assert sent_relay["relayed_bytes"] >= (BULK_MIB << 20) // 2, sent_relay
+    assert sent_relay["relay_waits"] > 0, sent_relay
+
+
+def test_a_relay_whose_upstream_never_starts_gives_up_after_its_stall_timeout(hub, repos, tmp_path):
+    sha = repos.sha["acme/bulk"]
+    (tmp_path / "a").mkdir()
+    relay = start_mirror(tmp_path / "a", relay=True, stall_timeout=1)
+    try:
+        t0 = time.monotonic()
+        status, headers, _ = get(relay, "/api/models/acme/bulk/revision/%s" % sha)
+        waited = time.monotonic() - t0
+    finally:
+        stop_mirror(relay)
+    assert status == 404 and headers.get("X-Error-Code") == "RepoNotFound"
+    assert 1 <= waited < 10
+
+
+def test_the_fill_sidecar_tells_the_relay_what_has_arrived(tmp_path):
+    """range_fetch writes the sidecar after the bytes; hub_mirror.fill_available reads it (one wire format)."""
+    from ansible_collections.inferops.vllm.plugins.module_utils import range_fetch
+    from hub_mirror import fill_available, fill_size
+
+    part = str(tmp_path / "f.part")
+    written = [4, 10, 0]
+    fd = range_fetch._open_fill(part, 25, 10, written)
+    try:
+        assert fill_size(fd) == 25
+        assert fill_available(fd, 0) == 4 and fill_available(fd, 4) == 0
+        assert fill_available(fd, 10) == 10 and fill_available(fd, 15) == 5
+        assert fill_available(fd, 20) == 0 and fill_available(fd, 25) == 0
+        os.pwrite(fd, range_fetch.FILL_SLOT.pack(5), range_fetch.FILL_HEADER.size + 2 * range_fetch.FILL_SLOT.size)
+        assert fill_available(fd, 20) == 5 and fill_available(fd, 22) == 3
+    finally:
+        os.close(fd)
+    with open(part + ".fill", "r+b") as f:
+        f.write(b"garbage!")
+    with open(part + ".fill", "rb") as f:
+        with pytest.raises(ValueError):
+            fill_available(f.fileno(), 0)

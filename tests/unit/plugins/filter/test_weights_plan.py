@@ -79,6 +79,12 @@ def test_weights_fanout(case):
         assert {p["item"]["id"]: p["source"] for p in plan["peer"]} == dict(zip(ids(want["peer"]), want["peer"].values()))
         assert plan["clients"] == want["clients"]
         assert plan["serve"] is bool(want["clients"])
+        if "via" in want:
+            assert {p["item"]["id"]: p["via"] for p in plan["peer"]} == dict(zip(ids(want["via"]), want["via"].values()))
+        if "reach" in want:
+            assert plan["reach"] == want["reach"]
+        if "relay" in want:
+            assert plan["relay"] is want["relay"]
         for item in plan["endpoint"]:
             if item.get("serve_only"):
                 assert item["model_keys"] == []
@@ -103,12 +109,34 @@ fleets = st.dictionaries(
 
 
 @settings(max_examples=150, deadline=None)
-@given(fleet=fleets, source_index=st.one_of(st.none(), st.integers(min_value=0, max_value=5)))
-def test_fanout_invariants(fleet, source_index):
+@given(fleet=fleets, source_index=st.one_of(st.none(), st.integers(min_value=0, max_value=5)),
+       degree=st.integers(min_value=0, max_value=3))
+def test_fanout_invariants(fleet, source_index, degree):
     hosts = sorted(fleet)
     source = hosts[source_index % len(hosts)] if source_index is not None else None
     wanted = build_wanted({h: [list(e) for e in fleet[h]] for h in hosts})
-    plans = {h: weights_fanout(wanted, h, fanout=True, source=source, hosts=hosts) for h in hosts}
+    plans = {h: weights_fanout(wanted, h, fanout=True, source=source, hosts=hosts, degree=degree) for h in hosts}
+    # a tree per snapshot: every copying host's ancestors end at the host that fetched it from the endpoint, each
+    # ancestor also copies or fetches it, and no host serves one snapshot to more than `degree` hosts
+    children = {}
+    for h in hosts:
+        assert all(plan["routes"] == plans[h]["routes"] for plan in plans.values())  # one tree, the same everywhere
+        for p in plans[h]["peer"]:
+            via = p["via"]
+            assert via[0] == p["source"] and len(set(via)) == len(via) and h not in via
+            assert via[-1] == plans[h]["sources"][p["item"]["id"]]
+            for a in via:
+                assert h in plans[a]["reach"]
+            for a in via[1:]:
+                assert any(q["item"]["id"] == p["item"]["id"] for q in plans[via[0]]["peer"])
+            children.setdefault((p["source"], p["item"]["id"]), []).append(h)
+            if not degree:
+                assert len(via) == 1  # a star: everyone copies from the source
+    if degree:
+        assert all(len(c) <= degree for c in children.values()), children
+    for h in hosts:
+        assert plans[h]["relay"] is any(src == h for (src, _i) in children if any(
+            q["item"]["id"] == _i for q in plans[h]["peer"]))
     needed = {i["id"] for h in hosts for i in wanted[h]}
     fetchers = {}
     for h, plan in plans.items():
@@ -121,7 +149,7 @@ def test_fanout_invariants(fleet, source_index):
         got = {i["id"] for i in plans[h]["endpoint"] if not i.get("serve_only")} | {p["item"]["id"] for p in plans[h]["peer"]}
         assert got == {i["id"] for i in wanted[h]}  # every host gets exactly what it needs
         for p in plans[h]["peer"]:
-            assert p["source"] != h and fetchers[p["item"]["id"]] == [p["source"]]
+            assert p["source"] != h and fetchers[p["item"]["id"]] == [p["via"][-1]]
             assert h in plans[p["source"]]["clients"]
         if source is not None:
             assert plans[h]["endpoint"] == [] or h == source
