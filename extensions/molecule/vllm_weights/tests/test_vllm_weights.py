@@ -1,5 +1,6 @@
 """roles/vllm_weights in fan-out mode: host 1 fetched the gated tiny model from the loopback Hub,
-host 2 copied it from host 1 through the role's temporary mirror.
+host 2 copied it from host 1 through the role's temporary mirror, and host 3 from host 2, which relayed
+it while its own copy arrived (a chain).
 
 Checks what the hosts hold and what the Hub and the mirror served, not what the role's files say.
 The later tests re-run converge.yml (unchanged, in check mode, after damaging a file, air-gapped
@@ -43,7 +44,7 @@ REPO = VARS["vllm_models"]["tiny"]["repo_id"]
 SOURCE_DIR = os.path.join(EPHEMERAL, "tiny-llama")
 MODELS = "/var/lib/inferops/models"
 SNAPSHOT = f"{MODELS}/{REPO}/{SHA}"
-H1, H2 = "inferops-weights-1", "inferops-weights-2"
+H1, H2, H3 = "inferops-weights-1", "inferops-weights-2", "inferops-weights-3"
 SHARD = "model-00002-of-00004.safetensors"
 
 
@@ -88,6 +89,16 @@ def mirror_gets(host):
     """GET lines the fan-out mirror logged on host (client address first)."""
     log = host.run("journalctl -u inferops-weights-mirror.service -o cat --no-pager").stdout
     return [ln for ln in log.splitlines() if '"GET /' in ln and "/resolve/" in ln]
+
+
+def mirror_totals(host):
+    """The counters each run of the host's fan-out mirror logged when it stopped, oldest first."""
+    log = host.run("journalctl -u inferops-weights-mirror.service -o cat --no-pager").stdout
+    return [json.loads(ln.split("stopped; ", 1)[1]) for ln in log.splitlines() if ln.startswith("hub_mirror: stopped; ")]
+
+
+def address(name):
+    return node(name).check_output("getent hosts %s | cut -d' ' -f1" % name).strip()
 
 
 def converge(*args, **overrides):
@@ -192,13 +203,19 @@ def test_the_hub_served_the_model_once():
     assert all(r["auth"] for r in stats["requests"]), "the gated repository was read with the token"
 
 
-def test_host2_copied_from_host1_through_the_mirror():
-    h1, h2 = node(H1), node(H2)
-    addr2 = h2.check_output("getent hosts %s | cut -d' ' -f1" % H2).strip()
-    gets = mirror_gets(h1)
-    assert len(gets) >= len(SELECTED)
-    assert all(ln.startswith(addr2 + " ") for ln in gets), "only host 2 copied"
-    assert mirror_gets(h2) == [], "host 2 served nobody"
+def test_the_model_went_down_the_chain_and_host2_relayed_it_as_it_arrived():
+    h1, h2, h3 = node(H1), node(H2), node(H3)
+    gets1, gets2 = mirror_gets(h1), mirror_gets(h2)
+    assert len(gets1) >= len(SELECTED) and len(gets2) >= len(SELECTED)
+    assert all(ln.startswith(address(H2) + " ") for ln in gets1), "only host 2 copied from host 1"
+    assert all(ln.startswith(address(H3) + " ") for ln in gets2), "only host 3 copied from host 2"
+    assert mirror_gets(h3) == [], "host 3 served nobody"
+    (first,), (relay,) = mirror_totals(h1), mirror_totals(h2)
+    # host 1 sent the model once (host 2's copy), not once per host below it
+    assert sum(first["clients"].values()) == MODEL_BYTES, first
+    assert sum(relay["clients"].values()) == MODEL_BYTES, relay
+    # host 2 sent bytes of files it had not finished receiving: the copies ran at the same time
+    assert relay["relayed_bytes"] > 0 and relay["relay_waits"] > 0, relay
 
 
 def test_mirror_is_stopped(host):
@@ -222,9 +239,9 @@ def test_rerun_is_fast_unchanged_and_makes_no_request():
     assert rc == 0, out[-4000:]
     assert TOKEN not in out
     counts = recap(out)
-    assert set(counts) == {H1, H2} and all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
-    checks = [res for host in (H1, H2) for res in facts[host]["prechecks"]["results"]]
-    assert len(checks) == 2, "one read-only check per host"
+    assert set(counts) == {H1, H2, H3} and all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
+    checks = [res for host in (H1, H2, H3) for res in facts[host]["prechecks"]["results"]]
+    assert len(checks) == 3, "one read-only check per host"
     for res in checks:
         assert res["would_download"]["files"] == 0 and res["hub_contacted"] is False, res
         assert res["tree_source"] == "manifest"
@@ -280,6 +297,7 @@ def test_air_gapped_from_directories_staged_on_the_controller_and_on_the_host(tm
         h.check_output(f"rm -rf {SNAPSHOT} {MODELS}/{REPO}/current")
     before = hub_stats()
     rc, out, _s, facts = converge(
+        "--limit", f"{H1},{H2}",
         molecule_stage={H1: {"dir": str(stage), "on": "controller"}, H2: {"dir": "/srv/stage", "on": "host"}},
         vllm_weights_source_dir="{{ molecule_stage[inventory_hostname].dir }}",
         vllm_weights_source_dir_on="{{ molecule_stage[inventory_hostname].on }}",
