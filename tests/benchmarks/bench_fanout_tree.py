@@ -31,7 +31,6 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -143,13 +142,13 @@ def main(argv=None):
               "%.0f MiB/s, load %.1f -> %.1f" % (model_bytes / MiB, args.shards, args.shard_mib, args.rate_mib,
                                                  figures["load_before"], figures["load_after"]))
         print("T(1 host) = %.2f s (%.0f MiB/s)" % (one["seconds"], model_bytes / MiB / one["seconds"]))
-        print("%-28s %10s %12s %16s %16s" % ("%d hosts" % args.hosts, "T (s)", "T(N)/T(1)", "source sent (x)",
-                                              "relayed (x)"))
+        head = ("%d hosts" % args.hosts, "T (s)", "T(N)/T(1)", "source sent (x)", "relayed (x)")
+        print("%-28s %10s %12s %16s %16s" % head)
         for s in shapes:
             label = {0: "star (1.0, before)", 1: "chain (degree 1)"}.get(s["degree"], "tree (degree %d)" % s["degree"])
-            print("%-28s %10.2f %12.2f %16.2f %16.2f" % (label, s["seconds"], s["seconds"] / one["seconds"],
-                                                        s["source_bytes"] / model_bytes,
-                                                        s["relayed_bytes"] / model_bytes))
+            row = (label, s["seconds"], s["seconds"] / one["seconds"], s["source_bytes"] / model_bytes,
+                   s["relayed_bytes"] / model_bytes)
+            print("%-28s %10.2f %12.2f %16.2f %16.2f" % row)
             print("    " + ", ".join("%s<-%s" % (h, p or "hub") for h, p in s["routes"]))
         print("every copy verified (sha256) by its host and identical to the published files: %s"
               % figures["identical"])

@@ -318,7 +318,7 @@ def test_a_relay_whose_upstream_never_starts_gives_up_after_its_stall_timeout(hu
     relay = start_mirror(tmp_path / "a", relay=True, stall_timeout=1)
     try:
         t0 = time.monotonic()
-        status, headers, _ = get(relay, "/api/models/acme/bulk/revision/%s" % sha)
+        status, headers, _body = get(relay, "/api/models/acme/bulk/revision/%s" % sha)
         waited = time.monotonic() - t0
     finally:
         stop_mirror(relay)
