@@ -284,6 +284,28 @@ def test_damaged_file_is_repaired_from_the_peer_only():
     assert "1 repaired; verification sha256 ok" in text
 
 
+def test_a_host_that_drops_out_of_the_chain_does_not_strand_the_hosts_below_it():
+    """Host 2 fails after the plan is made (its tools venv cannot be built: a huggingface_hub release that does
+    not exist), so it is not in the play when the copies start; host 3, planned to copy from host 2, copies from
+    host 1, the next host up its chain (vllm_weights_plan.peer[].via)."""
+    h1, h3 = node(H1), node(H3)
+    h3.check_output(f"rm -rf {SNAPSHOT} {MODELS}/{REPO}/current")
+    with open(os.path.join(PROJECT, "roles", "vllm_weights", "defaults", "main.yml")) as fh:
+        version = yaml.safe_load(fh)["vllm_weights_hf_version"]
+    before, served = hub_stats(), len(mirror_gets(h1))
+    rc, out, _s, _d = converge(
+        vllm_weights_hf_version="{{ '9999.0.0' if inventory_hostname == '%s' else '%s' }}" % (H2, version))
+    counts = recap(out)
+    assert rc != 0 and counts[H2]["failed"] == 1, out[-4000:]
+    assert counts[H1]["failed"] == 0 and counts[H3]["failed"] == 0, counts
+    text = squeeze(out)
+    assert f"{H2} from {H1}, {H3} from {H2} (a chain)" in text, "the plan was the chain"
+    assert digests(h3) == EXPECTED
+    new = mirror_gets(h1)[served:]
+    assert len(new) >= len(SELECTED) and all(ln.startswith(address(H3) + " ") for ln in new), new
+    assert hub_stats()["requests"] == before["requests"], "the Hub was not asked"
+
+
 def test_air_gapped_from_directories_staged_on_the_controller_and_on_the_host(tmp_path):
     """Host 1 takes the snapshot from a directory on the controller, host 2 from one on its own disk;
     neither may reach the Hub (the endpoint is a closed port). Both verify what they get (sha256)."""
