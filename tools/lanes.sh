@@ -3,7 +3,7 @@
 # usage: lanes.sh NAME "COMMAND" [NAME "COMMAND" ...]
 # The first lane writes to this terminal as it goes; the others write to .cache/logs/lane-NAME.log,
 # which is printed whole when that lane ends (so no two lanes' lines interleave). make test runs the
-# static checks beside the Molecule scenarios that serve no vLLM for long and units-old (see the
+# static checks and the unit tests beside the Molecule scenarios that serve no vLLM for long (see the
 # Makefile's test target).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
