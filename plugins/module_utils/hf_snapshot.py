@@ -866,11 +866,7 @@ class Snapshot(object):
         if not os.path.isdir(parent):
             os.makedirs(parent, exist_ok=True)
         os.replace(part, final)
-        for side in (part + ".json", part + range_fetch.FILL_SUFFIX):
-            try:
-                os.remove(side)
-            except FileNotFoundError:
-                pass
+        range_fetch.remove_partial(part)  # its sidecars (the part itself is now the final file)
         return digest
 
     def _download_file_hf(self, sha, rel):

@@ -280,14 +280,14 @@ class _Transfer(object):
     """One ``fetch`` in flight: the chunks, the bytes written of each, the connection threads and the hasher."""
 
     def __init__(self, url, part_path, fd, size, chunks, state, stats, headers, chunk, timeout, retries, backoff,
-                 on_bytes, on_retry, sleep, stop, fill_fd=None):
+                 on_bytes, on_retry, sleep, stop):
         """Take the fetch's options; chunks already in ``state`` count as written, the others are pending."""
         self.url, self.part_path, self.fd, self.size = url, part_path, fd, size
         self.chunks, self.state, self.stats = chunks, state, stats
         self.headers, self.chunk, self.timeout = headers, chunk, timeout
         self.retries, self.backoff, self.sleep, self.stop = retries, backoff, sleep, stop
         self.on_bytes, self.on_retry = on_bytes, on_retry
-        self.fill_fd = fill_fd
+        self.fill_fd = None  # set by fetch() once ``written`` is known (the sidecar starts from it)
         self.written = [0] * len(chunks)  # bytes written from each chunk's start
         for i in state.done:
             if 0 <= i < len(chunks):

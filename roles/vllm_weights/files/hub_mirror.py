@@ -76,32 +76,32 @@ def lfs_pointer_size(sha256, size):
     return len("version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %d\n" % (sha256, size))
 
 
-def fill_available(fill_fd, off):
-    """Bytes readable at ``off`` of a file still arriving, from its ``.fill`` sidecar (range_fetch writes it).
+class Fill(object):
+    """The ``.fill`` sidecar of a file still arriving (range_fetch writes it): what has arrived, where.
 
-    The sidecar holds, per chunk, the bytes written from the chunk's start, updated after the bytes
-    themselves; 0 means the byte at ``off`` has not arrived. ValueError when it is not a fill file.
+    The sidecar holds a header (magic, file size, chunk size), then per chunk the bytes written from the
+    chunk's start, updated after the bytes themselves. The header is read once, here; ValueError when the
+    fd is not a fill file.
     """
-    head = os.pread(fill_fd, FILL_HEADER.size, 0)
-    if len(head) != FILL_HEADER.size:
-        raise ValueError("short fill header")
-    magic, size, chunk = FILL_HEADER.unpack(head)
-    if magic != FILL_MAGIC or chunk <= 0:
-        raise ValueError("not a fill file")
-    if off >= size:
-        return 0
-    i = off // chunk
-    raw = os.pread(fill_fd, FILL_SLOT.size, FILL_HEADER.size + FILL_SLOT.size * i)
-    if len(raw) != FILL_SLOT.size:
-        return 0
-    return max(0, i * chunk + min(FILL_SLOT.unpack(raw)[0], chunk) - off)
 
+    def __init__(self, fd):
+        head = os.pread(fd, FILL_HEADER.size, 0)
+        if len(head) != FILL_HEADER.size:
+            raise ValueError("short fill header")
+        magic, self.size, self.chunk = FILL_HEADER.unpack(head)
+        if magic != FILL_MAGIC or self.chunk <= 0:
+            raise ValueError("not a fill file")
+        self.fd = fd
 
-def fill_size(fill_fd):
-    head = os.pread(fill_fd, FILL_HEADER.size, 0)
-    if len(head) != FILL_HEADER.size or FILL_HEADER.unpack(head)[0] != FILL_MAGIC:
-        raise ValueError("not a fill file")
-    return FILL_HEADER.unpack(head)[1]
+    def available(self, off):
+        """Bytes readable at ``off`` without a gap; 0 when the byte at ``off`` has not arrived."""
+        if off >= self.size:
+            return 0
+        i = off // self.chunk
+        raw = os.pread(self.fd, FILL_SLOT.size, FILL_HEADER.size + FILL_SLOT.size * i)
+        if len(raw) != FILL_SLOT.size:
+            return 0
+        return max(0, i * self.chunk + min(FILL_SLOT.unpack(raw)[0], self.chunk) - off)
 
 
 def load_manifest(snapshot_dir, repo_id, sha, name=MANIFEST_NAME):
@@ -118,10 +118,6 @@ def load_manifest(snapshot_dir, repo_id, sha, name=MANIFEST_NAME):
     if not isinstance(doc.get("tree"), dict) or not isinstance(doc.get("files"), dict):
         return None
     return doc
-
-
-def _is_file(st):
-    return stat.S_ISREG(st.st_mode)
 
 
 def tree_entry(path, meta):
@@ -404,7 +400,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
             self._serve(f, st.st_size, meta, rev)
 
     def _open_arriving(self, snap, rel, full, size):
-        """(file, fill fd or None) of a file of a snapshot still arriving, or None when it has not started.
+        """(file, Fill or None) of a file of a snapshot still arriving, or None when it has not started.
 
         The partial file with its fill sidecar while it arrives; the file in place once it has (the fetch renames
         the partial file into place only after it verified it, so a fd opened on either stays valid).
@@ -422,8 +418,9 @@ class MirrorHandler(BaseHTTPRequestHandler):
                 fill = None
             if fill is not None:
                 try:
-                    if fill_size(fill) == size:
-                        return os.fdopen(fd, "rb"), fill
+                    sidecar = Fill(fill)
+                    if sidecar.size == size:
+                        return os.fdopen(fd, "rb"), sidecar
                 except (OSError, ValueError):
                     pass
                 os.close(fill)
@@ -433,7 +430,7 @@ class MirrorHandler(BaseHTTPRequestHandler):
         except OSError:
             return None
         st = os.fstat(fd)
-        if _is_file(st) and st.st_size == size:
+        if stat.S_ISREG(st.st_mode) and st.st_size == size:
             return os.fdopen(fd, "rb"), None
         os.close(fd)
         return None
@@ -458,14 +455,14 @@ class MirrorHandler(BaseHTTPRequestHandler):
                 self._serve(f, size, meta, rev, fill, waited)
         finally:
             if fill is not None:
-                os.close(fill)
+                os.close(fill.fd)
 
     def _send_arriving(self, f, fill, start, length):
         """Send ``length`` bytes from ``start`` as the fill says they have arrived; returns (sent, waited)."""
         off, end, waited = start, start + length, False
         last = time.monotonic()
         while off < end:
-            avail = min(fill_available(fill, off), end - off)
+            avail = min(fill.available(off), end - off)
             if avail <= 0:
                 if time.monotonic() - last >= self.server.stall_timeout:
                     self.close_connection = True  # the client sees a short body and resumes from its last byte

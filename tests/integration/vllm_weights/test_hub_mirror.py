@@ -327,24 +327,38 @@ def test_a_relay_whose_upstream_never_starts_gives_up_after_its_stall_timeout(hu
 
 
 def test_the_fill_sidecar_tells_the_relay_what_has_arrived(tmp_path):
-    """range_fetch writes the sidecar after the bytes; hub_mirror.fill_available reads it (one wire format)."""
+    """range_fetch writes the sidecar after the bytes; hub_mirror.Fill reads it (one wire format)."""
     from ansible_collections.inferops.vllm.plugins.module_utils import range_fetch
-    from hub_mirror import fill_available, fill_size
+    from hub_mirror import Fill
 
     part = str(tmp_path / "f.part")
     written = [4, 10, 0]
     fd = range_fetch._open_fill(part, 25, 10, written)
     try:
-        assert fill_size(fd) == 25
-        assert fill_available(fd, 0) == 4 and fill_available(fd, 4) == 0
-        assert fill_available(fd, 10) == 10 and fill_available(fd, 15) == 5
-        assert fill_available(fd, 20) == 0 and fill_available(fd, 25) == 0
+        fill = Fill(fd)
+        assert fill.size == 25
+        assert fill.available(0) == 4 and fill.available(4) == 0
+        assert fill.available(10) == 10 and fill.available(15) == 5
+        assert fill.available(20) == 0 and fill.available(25) == 0
         os.pwrite(fd, range_fetch.FILL_SLOT.pack(5), range_fetch.FILL_HEADER.size + 2 * range_fetch.FILL_SLOT.size)
-        assert fill_available(fd, 20) == 5 and fill_available(fd, 22) == 3
+        assert fill.available(20) == 5 and fill.available(22) == 3
     finally:
         os.close(fd)
     with open(part + ".fill", "r+b") as f:
         f.write(b"garbage!")
     with open(part + ".fill", "rb") as f:
         with pytest.raises(ValueError):
-            fill_available(f.fileno(), 0)
+            Fill(f.fileno())
+
+
+def test_the_relay_reads_the_files_hf_snapshot_writes_where_it_writes_them():
+    """hub_mirror.py runs on the hosts without module_utils, so it names the paths and the format again."""
+    import hub_mirror
+    from ansible_collections.inferops.vllm.plugins.module_utils import hf_snapshot, range_fetch
+
+    assert hub_mirror.MANIFEST_NAME == hf_snapshot.MANIFEST_NAME
+    assert hub_mirror.LISTING_NAME == hf_snapshot.LISTING_NAME
+    assert (hub_mirror.PARTIAL_DIR, hub_mirror.PARTIAL_SUFFIX) == (hf_snapshot.PARTIAL_DIR, hf_snapshot.PARTIAL_SUFFIX)
+    assert hub_mirror.FILL_SUFFIX == range_fetch.FILL_SUFFIX and hub_mirror.FILL_MAGIC == range_fetch.FILL_MAGIC
+    assert hub_mirror.FILL_HEADER.format == range_fetch.FILL_HEADER.format
+    assert hub_mirror.FILL_SLOT.format == range_fetch.FILL_SLOT.format
