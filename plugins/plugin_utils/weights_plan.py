@@ -175,12 +175,13 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
                 members[item["id"]].append(h)
     if problems:
         raise WeightsPlanError(problems, host)
-    parents, routes = {}, {}
+    parents, children, routes = {}, {}, {}
     for item_id, tree in members.items():
-        up = {}
+        up, down = {}, {}
         for k in range(1, len(tree)):
             up[tree[k]] = tree[(k - 1) // degree] if degree else tree[0]
-        parents[item_id] = up
+            down.setdefault(up[tree[k]], []).append(tree[k])
+        parents[item_id], children[item_id] = up, down
         routes[item_id] = [[tree[0], ""]] + [[h, up[h]] for h in tree[1:]]
 
     def ancestors(item_id, h):
@@ -189,6 +190,14 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
             h = up[h]
             chain.append(h)
         return chain
+
+    def descendants(item_id, h):
+        out, todo = set(), list(children[item_id].get(h, []))
+        while todo:
+            d = todo.pop()
+            out.add(d)
+            todo.extend(children[item_id].get(d, []))
+        return out
 
     endpoint, peer = [], []
     for item in mine:
@@ -204,15 +213,10 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
             if models_dir:
                 extra.update(snapshot_dirs(models_dir, extra["repo_id"]))
             endpoint.append(extra)
-    clients, reach, relayed = [], [], set()
-    for h in order:
-        if h == host:
-            continue
-        ups = [(item_id, ancestors(item_id, h)) for item_id in parents if h in parents[item_id]]
-        if any(via[0] == host for _i, via in ups):
-            clients.append(h)
-        if any(host in via for _i, via in ups):
-            reach.append(h)
-            relayed.update(i for i, via in ups if host in via and sources[i] != host)
-    return {"endpoint": endpoint, "peer": peer, "serve": bool(clients), "clients": clients, "reach": reach,
-            "relay": bool(relayed), "sources": sources, "routes": routes}
+    direct = set(h for down in children.values() for h in down.get(host, []))
+    below = set(h for item_id in children for h in descendants(item_id, host))
+    clients = [h for h in order if h in direct]
+    return {"endpoint": endpoint, "peer": peer, "serve": bool(clients), "clients": clients,
+            "reach": [h for h in order if h in below],
+            "relay": any(children[i].get(host) and sources[i] != host for i in children),
+            "sources": sources, "routes": routes}
