@@ -48,6 +48,14 @@ def serve(argv):
     return proc, int(proc.stdout.readline())
 
 
+def stop(*procs):
+    """Terminate the server processes started with serve() (None: never started) and reap them."""
+    for p in procs:
+        if p is not None:
+            p.terminate()
+            p.wait()
+
+
 def get_json(url):
     with urllib.request.urlopen(url, timeout=30) as r:
         return json.load(r)
@@ -170,10 +178,7 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump(figures, f, indent=1)
     finally:
-        for p in (mirror, hub):
-            if p is not None:
-                p.terminate()
-                p.wait()
+        stop(mirror, hub)
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     return 0

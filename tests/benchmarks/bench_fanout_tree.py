@@ -37,7 +37,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path[:0] = [HERE, os.path.join(ROOT, ".build")]
 
 from bench_fanout import MIRROR, REPO, MiB, get_json, make_model, model_files, params, publish_repo, serve  # noqa: E402
-from bench_fanout import start_module, tree_digest, wait_all  # noqa: E402
+from bench_fanout import start_module, stop, tree_digest, wait_all  # noqa: E402
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import fanout_plan  # noqa: E402
 
 
@@ -76,9 +76,7 @@ def run_shape(work, name, sha, hosts, degree, rate_mib, stall, src_models):
         seconds = time.perf_counter() - t0
         stats = {h: get_json("http://127.0.0.1:%d/_mirror/stats" % ports[h]) for h in mirrors}
     finally:
-        for p in mirrors.values():
-            p.terminate()
-            p.wait()
+        stop(*mirrors.values())
     return {"degree": degree, "seconds": round(seconds, 2), "source_bytes": stats["src"]["bytes_sent"],
             "relayed_bytes": sum(s.get("relayed_bytes", 0) for h, s in stats.items() if h != "src"),
             "host_seconds": [r["seconds"] for r in results],
@@ -109,8 +107,7 @@ def main(argv=None):
         src_models = os.path.join(work, "src", "models")
         first = wait_all([start_module(params("http://127.0.0.1:%d" % hub_port, sha, os.path.join(src_models, REPO, sha)),
                                        work, "src")])[0]
-        hub.terminate()
-        hub.wait()
+        stop(hub)
         hub = None
         model_bytes = first["total_bytes"]
         figures = {"hosts": args.hosts, "rate_mib": args.rate_mib, "model_bytes": model_bytes,
@@ -156,9 +153,7 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump(figures, f, indent=1)
     finally:
-        if hub is not None:
-            hub.terminate()
-            hub.wait()
+        stop(hub)
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     return 0
