@@ -14,7 +14,9 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLA
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import rank_groups
 from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan
 
-_READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect")
+_READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect",
+         "vllm_service_host", "vllm_router_worker_address", "vllm_router_listen_port_base",
+         "vllm_preflight_plan_options")
 
 
 def vllm_fleet_view(hostvars, hosts, play_hosts=None, groups=None):

@@ -4,10 +4,12 @@
 A multi-node instance (``nodes``, see ``multinode.py`` and ``docs/multinode.md``) is planned on each of
 its hosts from that host's facts *and* the other ranks' facts and inventory. ``fleet_view`` builds
 that view once, from ``hostvars``, for the preflight role's plan step (filter
-``inferops.vllm.vllm_fleet_view``):
+``inferops.vllm.vllm_fleet_view``), and for the routers (``router.py``: where every host's instances are
+reached):
 
     inventory host -> {in_play, groups, group_positions, addresses, interface, gpu_count, models_dir,
-                       fast_interconnect, instances, models}
+                       fast_interconnect, instances, models, bind_host, router_address, router_listen_base,
+                       base_port}
 
 ``addresses`` come from the network facts (``ansible.builtin.setup`` with ``gather_subset: network``,
 which the preflight facts step reads only on hosts with a multi-node instance): interface ->
@@ -104,5 +106,10 @@ def fleet_view(hostvars, hosts, play_hosts, defaults, groups=None) -> dict:
             "fast_interconnect": var("vllm_service_fast_interconnect"),
             "instances": _get(hv, "vllm_instances", []) or [],
             "models": _get(hv, "vllm_models", {}) or {},
+            # what a router on another host needs to reach this host's instances (router.py)
+            "bind_host": var("vllm_service_host"),
+            "router_address": var("vllm_router_worker_address") or "",
+            "router_listen_base": var("vllm_router_listen_port_base"),
+            "base_port": _get(var("vllm_preflight_plan_options") or {}, "base_port", None),
         }
     return view

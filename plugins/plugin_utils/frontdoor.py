@@ -26,7 +26,8 @@ from __future__ import annotations
 # HAProxy's runtime API is read on the host too (the frontdoor_server module): one parser, in module_utils
 from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import server_states  # noqa: F401  pylint: disable=unused-import
 
-__all__ = ["plan_frontdoors", "plan_node_exporter", "connect_host", "server_states"]
+__all__ = ["plan_frontdoors", "plan_node_exporter", "connect_host", "server_states", "taken_ports",
+           "router_frontdoor", "metrics_listener"]
 
 _WILDCARD = ("0.0.0.0", "", "*")
 
@@ -59,6 +60,40 @@ def _taken(instances, stride):
         if mn and mn.get("node_rank") == 0 and isinstance(mn.get("master_port"), int):
             out.append((mn["master_port"], mn["master_port"], f"the master_port of instance '{inst['name']}'"))
     return out
+
+
+def taken_ports(instances, stride, frontdoors=(), metrics=None, node_exporter=None):
+    """Every port the host's instances, front doors, front door metrics and node_exporter use: [(low, high, what)]."""
+    taken = _taken(instances, int(stride))
+    taken += [(fd["port"], fd["port"], f"the front door of model '{fd['model']}'") for fd in frontdoors]
+    if metrics:
+        taken.append((metrics["port"], metrics["port"], "the front doors' metrics listener (vllm_frontdoor_metrics_port)"))
+    if node_exporter:
+        taken.append((node_exporter["port"], node_exporter["port"], "node_exporter (vllm_service_node_exporter_port)"))
+    return taken
+
+
+def router_frontdoor(router, bind_address):
+    """The front door of a router (``router.py``): clients reach the router on loopback through the host's HAProxy,
+    which passes ``/v1/*`` and ``/health`` only (the router's worker admin routes answer without a key)."""
+    return {
+        "name": router["frontdoor"],
+        "model": router["model"],
+        "router": True,
+        "paths": {"prefix": ["/v1/"], "exact": ["/health"]},
+        "served_model_name": router["served_model_name"][0],
+        "served_model_names": list(router["served_model_name"]),
+        "bind_address": bind_address,
+        "port": router["port"],
+        "url": _url(connect_host(bind_address), router["port"]),
+        "backends": [{"instance": "router", "unit": router["unit"], "address": router["listen"]["address"],
+                      "port": router["listen"]["port"], "url": router["url"]}],
+    }
+
+
+def metrics_listener(frontdoors, taken, bind_address, port):
+    """The metrics listener of the host's HAProxy for ``frontdoors`` (or None) and its problems."""
+    return _metrics(frontdoors, taken, bind_address, port)
 
 
 def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):

@@ -26,7 +26,9 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASE,
     MEMORY_BASES,
 )
-from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import plan_frontdoors, plan_node_exporter
+from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
+    metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports)
+from ansible_collections.inferops.vllm.plugins.plugin_utils.router import ROUTER_POLICIES, plan_routers
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -128,6 +130,22 @@ PLAN_INPUTS = {
                                     "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, "
                                     "C(/metrics); one per host with a front door, on C(vllm_frontdoor_bind_address)); "
                                     "0: none."),
+    "vllm_router_policy": ("router_policy", "cache_aware",
+                           "Policy of the routers (C(router_port) of C(vllm_models), hosts of C(vllm_routers)): "
+                           "C(cache_aware) (prefix affinity with load balance), C(round_robin), C(power_of_two), "
+                           "C(consistent_hash) or C(random)."),
+    "vllm_router_listen_port_base": ("router_listen_base", 18100,
+                                     "Loopback port of the first router of a host of C(vllm_routers) (by model key); "
+                                     "the next model's router gets the next port. Routers on other hosts read it "
+                                     "too (they take this host's instances out of rotation there)."),
+    "vllm_router_metrics_port_base": ("router_metrics_base", 29100,
+                                      "Port of the first router's Prometheus listener (on "
+                                      "C(vllm_frontdoor_bind_address), else C(vllm_service_host)); the next "
+                                      "router's is the next port."),
+    "vllm_router_worker_address": ("router_worker_address", "",
+                                   "Address the routers on other hosts reach this host's instances at; empty: "
+                                   "C(vllm_service_host) when it is one address, else the IPv4 address of "
+                                   "C(vllm_service_network_interface)."),
     "vllm_service_node_exporter_port": ("node_exporter_port", 0,
                                         "Port of node_exporter (Debian's C(prometheus-node-exporter)), which the "
                                         "service role then installs, hardens and starts, reading the watchdog's "
@@ -171,7 +189,8 @@ class PlanContractError(ValueError):
 
 #: Plan inputs with a fixed set of values, and inputs that are absolute paths. vllm_install_variant is not here:
 #: the install role's own check names its variants (vllm_install__variants), and the unit specs refuse others.
-_CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore"), "vllm_weights_verify": VERIFY_MODES}
+_CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore"), "vllm_weights_verify": VERIFY_MODES,
+            "vllm_router_policy": ROUTER_POLICIES}
 _PATHS = ("vllm_install_prefix", "vllm_install_models_dir", "vllm_service_numactl", "vllm_service_cache_dir",
           "vllm_service_config_dir", "vllm_service_tmp_dir", "vllm_install_python", "vllm_install_tools_dir",
           "vllm_install_pip_cache_dir", "vllm_install_ca_bundle")
@@ -186,6 +205,8 @@ _RANGES = {
     "vllm_frontdoor_drain_timeout": (1, 86400, "a number of seconds", ()),
     "vllm_frontdoor_ready_timeout": (1, 86400, "a number of seconds", ()),
     "vllm_service_node_exporter_port": (1024, 65535, "a TCP port number", (0,)),
+    "vllm_router_listen_port_base": (1024, 65000, "a TCP port number", ()),
+    "vllm_router_metrics_port_base": (1024, 65000, "a TCP port number", ()),
 }
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
@@ -460,7 +481,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
 
     ``fleet``: the fleet view (inventory host -> groups, addresses, interface, gpu_count, models_dir, ...;
-    see ``plugins/plugin_utils/multinode.py``), needed only when an instance spans hosts (``nodes``).
+    see ``plugins/plugin_utils/multinode.py``), needed when an instance spans hosts (``nodes``) and for the
+    routers (``router.py``).
     """
     facts = plain(facts) if isinstance(facts, dict) else {}
     problems = inventory_problems(models, instances, inputs, host)
@@ -514,6 +536,20 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         opts["node_exporter_bind_address"] or opts["frontdoor_bind_address"] or opts["host"],
         opts["node_exporter_port"], opts["vllm_port_stride"])
     problems += ne_problems
+    bind = opts["frontdoor_bind_address"] or opts["host"]
+    routers, router_workers, router_problems = plan_routers(
+        host, plain(fleet), norm["models"],
+        {"router_policy": opts["router_policy"], "router_listen_base": opts["router_listen_base"],
+         "router_metrics_base": opts["router_metrics_base"], "metrics_bind_address": bind},
+        taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter))
+    problems += router_problems
+    if routers:
+        frontdoors = frontdoors + [router_frontdoor(r, bind) for r in routers]
+        if frontdoor_metrics is None:  # the host's HAProxy serves the routers only: its metrics listener too
+            frontdoor_metrics, fd_problems = metrics_listener(
+                frontdoors, taken_ports(out, opts["vllm_port_stride"]), bind,
+                _port_input(opts["frontdoor_metrics_port"]))
+            problems += fd_problems
     if problems:
         raise PlanContractError(problems, host)
     footprint = {
@@ -531,6 +567,10 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "footprint": footprint if gpu else None,
         "frontdoors": frontdoors,
         "frontdoor_metrics": frontdoor_metrics,
+        # the routers of this host (group vllm_routers) and the routers this host's instances are workers of
+        # (router.py); the router role reads the first, the service role's drain the second
+        "routers": routers,
+        "router_workers": router_workers,
         # node_exporter's listener (the service role installs it; the file_sd lists it), or None
         "node_exporter": node_exporter,
         # the front door's runtime API and drain settings: the front door role and the service role's restart

@@ -220,6 +220,12 @@ def _model(key, raw, host, models_dir, problems):
     if rec["frontdoor_port"] is not None and not 1 <= rec["frontdoor_port"] <= 65535:
         problems.append(f"{where}.frontdoor_port is {rec['frontdoor_port']!r}; use a TCP port number 1-65535 "
                         "or leave it out for no front door")
+    if rec["router_port"] is not None and not 1 <= rec["router_port"] <= 65535:
+        problems.append(f"{where}.router_port is {rec['router_port']!r}; use a TCP port number 1-65535 "
+                        "or leave it out for no router")
+    if rec["router_port"] is not None and rec["router_port"] == rec["frontdoor_port"]:
+        problems.append(f"{where}.router_port and frontdoor_port are both {rec['router_port']}; give the router "
+                        "its own port (both listen on the router hosts' front door)")
     if rec["verify"] is not None and rec["verify"] not in VERIFY_MODES:
         problems.append(f"{where}.verify is {rec['verify']!r}; use one of {', '.join(VERIFY_MODES)}")
     _settings(rec, where, problems)

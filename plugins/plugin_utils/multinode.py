@@ -70,7 +70,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import snapsh
 
 __all__ = ["NODES_PARALLEL", "CLI_MODULE", "DEFAULT_MASTER_PORT", "MULTINODE_FLAGS", "SOCKET_ENV",
            "key_problems", "resolve", "restore", "flags", "environment", "port_problems", "table_cells",
-           "group_key", "rank_groups"]
+           "group_key", "rank_groups", "interface_ips"]
 
 #: How the ranks split the model: ``pipeline`` (PP across hosts) or ``tensor`` (TP across hosts).
 NODES_PARALLEL = ("pipeline", "tensor")
@@ -188,8 +188,9 @@ def _hosts(rec, fleet, where):
     return (None, problems) if problems else (hosts, [])
 
 
-def _addresses(entry, iface):
-    """ip_interface objects of one interface of a fleet entry (None: the interface has none)."""
+def interface_ips(entry, iface):
+    """ip_interface objects of one interface of a fleet entry (None: the interface has none); the routers read
+    it too (``router.py``)."""
     table = entry.get("addresses") or {}
     if not isinstance(table, dict):
         return None
@@ -215,7 +216,7 @@ def _sharing(entry, other) -> list:
     """Interfaces of a fleet entry with an address on ``other``'s network: 'eth1 (10.0.0.6/24)'."""
     found = []
     for name in sorted((entry.get("addresses") or {}) if isinstance(entry.get("addresses"), dict) else {}):
-        for addr in _addresses(entry, name) or []:
+        for addr in interface_ips(entry, name) or []:
             if other is not None and addr.version == other.version and other.ip in addr.network \
                     and addr.ip in other.network:
                 found.append(f"{name} ({addr.with_prefixlen})")
@@ -234,7 +235,7 @@ def _rank_addresses(rec, hosts, host, fleet, opts, where):
             ifaces[name] = None
             continue
         ifaces[name] = iface
-        addrs = _addresses(entry, iface)
+        addrs = interface_ips(entry, iface)
         if not addrs:
             known = sorted(entry.get("addresses") or {}) if isinstance(entry.get("addresses"), dict) else []
             problems.append(f"host {name} (rank {pos} of {where}): {_IFACE_VAR} is '{iface}' but that interface has "

@@ -48,6 +48,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
 __all__ = [
     "PlanError",
     "plan",
+    "assign_ports",
     "format_table",
     "compress_ints",
     "DEFAULT_RESERVE_MIB",
@@ -836,6 +837,23 @@ class _Exhausted(Exception):
 
 # --------------------------------------------------------------------------- public API
 
+def assign_ports(ports, base_port):
+    """The HTTP port of each instance: its own (``ports[i]``) or, for None, the next port from ``base_port`` that
+    no instance took; None where none is left. The one rule, read by the plan of the host and by the routers of
+    other hosts (``router.py``), which need the port of every instance they route to."""
+    used = {p for p in ports if p is not None}
+    out, next_port = [], base_port
+    for port in ports:
+        if port is None:
+            while next_port in used:
+                next_port += 1
+            port = next_port if next_port <= 65535 else None
+            used.add(next_port)
+            next_port += 1
+        out.append(port)
+    return out
+
+
 def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
          reserve_mib=DEFAULT_RESERVE_MIB, tolerance_mib=DEFAULT_TOLERANCE_MIB, unit_prefix="vllm-",
          use_uuids=True, base_port=8000, cpu_only=False, memory_base=MEMORY_BASE) -> list[dict]:
@@ -912,18 +930,12 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
     if problems:
         raise PlanError(problems, host_name)
 
-    used_ports = {inst.port for inst in insts if inst.port is not None}
-    next_port = base_port
-    for inst in insts:
-        if inst.port is None:
-            while next_port in used_ports:
-                next_port += 1
-            if next_port > 65535:
-                raise PlanError([f"{inst.where}: no free port left above base_port {base_port}; "
-                                 "set port on the instances or lower base_port"], host_name)
-            inst.port = next_port
-            used_ports.add(next_port)
-            next_port += 1
+    ports = assign_ports([inst.port for inst in insts], base_port)
+    for inst, port in zip(insts, ports):
+        if port is None:
+            raise PlanError([f"{inst.where}: no free port left above base_port {base_port}; "
+                             "set port on the instances or lower base_port"], host_name)
+        inst.port = port
 
     return [_entry(hostm, inst, unit_prefix, use_uuids, tolerance_mib, cpu_only) for inst in insts]
 

@@ -144,6 +144,10 @@ ROWS = [
     _row("frontdoor_port", "int", MODEL, "Port of this model's front door on each host that serves it (HAProxy, role "
                                          "C(vllm_frontdoor)): one listener balancing over the host's instances of the "
                                          "model; leave it out for no front door."),
+    _row("router_port", "int", MODEL, "Port of this model's router on each host of the group C(vllm_routers) (role "
+                                      "C(vllm_router)): one endpoint over the model's instances on every host, "
+                                      "reached through that host's front door (only C(/v1/*) and C(/health)); leave "
+                                      "it out for no router. See C(docs/operate.md)."),
     # ---- an instance that spans hosts
     _row("nodes", "raw", INSTANCE, "Hosts this instance spans (vLLM's multi-node launcher): a list of inventory host "
                                    "names, rank 0 (the API) first, or C({group: <name>, count: N}) (the group's first "

@@ -1,0 +1,176 @@
+# Apache License 2.0 (see LICENSE)
+"""The fleet's routers: one ``vllm-router`` per model on each host of the group ``vllm_routers``, over the
+model's instances on every host (controller side, pure Python, no Ansible imports).
+
+``plan_routers(host, fleet, models, opts, taken)`` reads the fleet view (``fleet_view.py``: every inventory
+host's groups, ``vllm_instances``, ``vllm_models``, bind address, router address and port base) and returns
+``(routers, router_workers, problems)`` for the plan of ``host``:
+
+* ``routers`` (hosts of ``vllm_routers`` only): one per model of this host whose ``vllm_models`` entry sets
+  ``router_port``, sorted by model key: ``{name, model, unit, served_model_name, port, listen, url, metrics,
+  policy, workers: [{host, instance, url}]}``. The router listens on loopback only (``listen``; its worker
+  admin routes answer anyone who reaches it), on ``vllm_router_listen_port_base`` + its position; clients
+  reach it through the host's front door on ``port`` (``router_port``), which passes ``/v1/*`` and ``/health``
+  and nothing else. ``metrics`` is its Prometheus listener (``vllm_router_metrics_port_base`` + position).
+* ``router_workers`` (every host): this host's instances that a router routes to, with where that router is:
+  ``{instance, model, router_host, router, router_url, worker_url, wave}``. The service role takes an instance
+  out of each router before it stops or restarts it and puts it back after its gate. ``wave`` is the host's
+  position among the router's worker hosts: the service role restarts the workers of one router one wave at
+  a time, so two hosts never take the same router's instances out together.
+
+A worker is every single-host instance (no ``nodes``) of the model, on every host of the inventory, in inventory
+order. Its URL: ``http://<address>:<port>``; the port is the instance's own or the one ``base_port`` gives it
+(``placement.assign_ports``, the rule the host's own plan applies); the address is loopback on the router's own
+host, else the host's ``vllm_router_worker_address``, else its ``vllm_service_host`` when that is one address,
+else the IPv4 address of its ``vllm_service_network_interface`` (network facts). An instance bound to loopback
+on another host cannot be reached: a problem naming the variable to set.
+"""
+from __future__ import annotations
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import connect_host
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips
+from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
+
+__all__ = ["plan_routers", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name"]
+
+#: The inventory group whose hosts run the routers.
+ROUTER_GROUP = "vllm_routers"
+#: vllm-router's policies (``--policy``) this collection offers.
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+_WILDCARD = ("0.0.0.0", "", "*", "::")
+
+
+def router_unit(model):
+    """The systemd unit of the router of ``model``."""
+    return f"inferops-vllm-router-{model}.service"
+
+
+def frontdoor_name(model):
+    """The front door listener of the router of ``model`` (no model key starts with '_')."""
+    return f"_router_{model}"
+
+
+def _url(host, port):
+    host = "[%s]" % host if ":" in host else host
+    return f"http://{host}:{port}"
+
+
+def _router_models(entry):
+    """Sorted model keys with ``router_port`` in a fleet entry's ``vllm_models``."""
+    models = entry.get("models") if isinstance(entry.get("models"), dict) else {}
+    return sorted(k for k, m in models.items() if isinstance(m, dict) and m.get("router_port") not in (None, ""))
+
+
+def _listen_port(entry, model):
+    base = as_int(entry.get("router_listen_base"))
+    return None if base is None else base + _router_models(entry).index(model)
+
+
+def _is_router_host(entry):
+    return ROUTER_GROUP in (entry.get("groups") or [])
+
+
+def _worker_address(name, entry, router_host):
+    """(address, problem) where ``router_host`` reaches the instances of fleet host ``name``."""
+    bind = str(entry.get("bind_host") or "127.0.0.1")
+    if name == router_host:
+        return connect_host(bind), None
+    if bind in _LOOPBACK:
+        return None, (f"host {name}: its instances listen on {bind} (vllm_service_host), so the router on "
+                      f"{router_host} cannot reach them; set vllm_service_host on {name} to an address the router "
+                      "host reaches (or 0.0.0.0 with vllm_router_worker_address)")
+    if entry.get("router_address"):
+        return str(entry["router_address"]), None
+    if bind not in _WILDCARD:
+        return bind, None
+    iface = entry.get("interface") or ""
+    for item in (interface_ips(entry, iface) or []) if iface else []:
+        if item.version == 4:
+            return str(item.ip), None
+    return None, (f"host {name}: the router on {router_host} cannot tell where to reach its instances (they listen "
+                  f"on {bind or 'every address'}); set vllm_router_worker_address on {name} to the address the "
+                  "router host reaches it at (or vllm_service_network_interface, whose address is then used)")
+
+
+def _workers(fleet, model, router_host):
+    """[{host, instance, url}] of every single-host instance of ``model`` in the fleet, and the problems."""
+    workers, problems = [], []
+    for name, entry in fleet.items():
+        raw = [i for i in (entry.get("instances") or []) if isinstance(i, dict)]
+        ports = assign_ports([as_int(i.get("port")) for i in raw],
+                             as_int(entry.get("base_port")) or 8000)
+        mine = [(i, p) for i, p in zip(raw, ports)
+                if i.get("model") == model and i.get("nodes") in (None, "") and p is not None]
+        if not mine:
+            continue
+        address, problem = _worker_address(name, entry, router_host)
+        if problem:
+            problems.append(problem)
+            continue
+        workers += [{"host": name, "instance": str(i.get("name")), "url": _url(address, p)} for i, p in mine]
+    return workers, problems
+
+
+def plan_routers(host, fleet, models, opts, taken):
+    """``(routers, router_workers, problems)`` of ``host``; see the module docstring.
+
+    ``models``: this host's normalised models; ``opts``: the plan inputs (``router_policy``,
+    ``router_listen_base``, ``router_metrics_base``, ``metrics_bind_address``); ``taken``: ports this host
+    already uses, ``[(low, high, what)]``.
+    """
+    fleet = fleet if isinstance(fleet, dict) else {}
+    routers, workers_of_host, problems = [], [], []
+    me = fleet.get(host) or {}
+    if _is_router_host(me):
+        keys = [k for k in sorted(models) if models[k].get("router_port") is not None]
+        for pos, key in enumerate(keys):
+            listen = int(opts["router_listen_base"]) + pos
+            metrics = int(opts["router_metrics_base"]) + pos
+            for port, what in ((listen, f"the loopback port of the router of '{key}' (vllm_router_listen_port_base)"),
+                               (metrics, f"the metrics port of the router of '{key}' (vllm_router_metrics_port_base)"),
+                               (models[key]["router_port"], f"vllm_models.{key}.router_port")):
+                problems += [f"{what} is {port}, which is {used}; give it a port nothing else on the host uses"
+                             for low, high, used in taken if low <= port <= high]
+            workers, worker_problems = _workers(fleet, key, host)
+            problems += worker_problems
+            if not workers and not worker_problems:
+                problems.append(f"vllm_models.{key}.router_port: no host of the inventory has a single-host instance "
+                                f"of model '{key}', so its router would have no worker; add instances or leave "
+                                "router_port out")
+            bind = opts["metrics_bind_address"]
+            routers.append({
+                "name": key,
+                "model": key,
+                "unit": router_unit(key),
+                "frontdoor": frontdoor_name(key),
+                "served_model_name": _names(models[key].get("served_model_name")) or [models[key].get("repo_id") or key],
+                "port": models[key]["router_port"],
+                "listen": {"address": "127.0.0.1", "port": listen},
+                "url": _url("127.0.0.1", listen),
+                "metrics": {"bind_address": bind, "port": metrics,
+                            "url": _url(connect_host(bind), metrics) + "/metrics"},
+                "policy": opts["router_policy"],
+                "workers": workers,
+            })
+    for router_host, entry in fleet.items():
+        if not _is_router_host(entry):
+            continue
+        for key in _router_models(entry):
+            workers, _ = _workers(fleet, key, router_host)
+            hosts = list(dict.fromkeys(w["host"] for w in workers))
+            listen = _listen_port(entry, key)
+            if host not in hosts or listen is None:
+                continue
+            workers_of_host += [{"instance": w["instance"], "model": key, "router_host": router_host,
+                                 "router": router_unit(key), "router_url": _url("127.0.0.1", listen),
+                                 "worker_url": w["url"], "wave": hosts.index(host)}
+                                for w in workers if w["host"] == host]
+    return routers, workers_of_host, problems
+
+
+def _names(value):
+    if isinstance(value, str):
+        return [value]
+    return list(value or [])

@@ -1,0 +1,89 @@
+"""The fleet's routers (issue 27): the router host's ``routers`` and every host's ``router_workers``, planned from
+the fleet view, and the refusals (an unreachable worker, a router with no worker, a taken port, a bad policy)."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.inferops.vllm.plugins.filter.vllm_fleet_view import vllm_fleet_view
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PlanContractError, build_plan
+from test_plan_contract import SHA, host_facts
+
+SHAPE = "seed-8x-rtxpro6000"
+MODELS = {"tiny": {"repo_id": "inferops-test/tiny-llama", "revision": SHA, "served_model_name": "tiny-llama",
+                   "router_port": 8300}}
+SOLO = {"name": "solo", "model": "tiny", "numa_node": 1, "gpu_memory_utilization": 0.5}
+
+
+def hostvars(**over):
+    """Two hosts with one instance each; mn-0 is in vllm_routers. ``over``: host -> variables."""
+    hv = {}
+    for pos, host in enumerate(["mn-0", "mn-1"]):
+        hv[host] = {"group_names": ["vllm_nodes"] + (["vllm_routers"] if pos == 0 else []),
+                    "vllm_models": MODELS, "vllm_instances": [SOLO], "vllm_service_host": "0.0.0.0",
+                    "vllm_service_network_interface": "eth0",
+                    "ansible_facts": {"interfaces": ["lo", "eth0"],
+                                      "eth0": {"device": "eth0", "ipv4": {"address": f"10.88.0.{pos + 5}",
+                                                                          "netmask": "255.255.0.0"}}}}
+        hv[host].update(over.get(host, {}))
+    return hv
+
+
+def fleet(hv):
+    groups = {"all": list(hv), "vllm_routers": [h for h in hv if "vllm_routers" in hv[h]["group_names"]]}
+    return vllm_fleet_view(hv, list(hv), list(hv), groups=groups)
+
+
+def plan(host, hv=None):
+    hv = hv or hostvars()
+    inputs = {k: v for k, v in hv[host].items() if k.startswith("vllm_service_") or k.startswith("vllm_router_")}
+    return build_plan(hv[host]["vllm_models"], hv[host]["vllm_instances"], host_facts(SHAPE), inputs, host=host,
+                      fleet=fleet(hv))
+
+
+def test_the_router_host_routes_to_every_hosts_instance_and_each_host_knows_its_router():
+    p0, p1 = plan("mn-0"), plan("mn-1")
+    (router,) = p0["routers"]
+    assert router["unit"] == "inferops-vllm-router-tiny.service" and router["policy"] == "cache_aware"
+    assert router["listen"] == {"address": "127.0.0.1", "port": 18100}
+    assert router["workers"] == [{"host": "mn-0", "instance": "solo", "url": "http://127.0.0.1:8000"},
+                                 {"host": "mn-1", "instance": "solo", "url": "http://10.88.0.6:8000"}]
+    assert router["served_model_name"] == ["tiny-llama"] and router["metrics"]["port"] == 29100
+    # the router's front door on the router host: loopback backend, only the OpenAI routes
+    fd = [f for f in p0["frontdoors"] if f.get("router")]
+    assert [f["name"] for f in fd] == ["_router_tiny"] and fd[0]["port"] == 8300
+    assert fd[0]["backends"][0]["address"] == "127.0.0.1" and fd[0]["backends"][0]["port"] == 18100
+    assert p0["frontdoor_metrics"] is not None
+    assert p1["routers"] == [] and p1["frontdoors"] == []
+    assert p0["router_workers"] == [{"instance": "solo", "model": "tiny", "router_host": "mn-0",
+                                     "router": "inferops-vllm-router-tiny.service",
+                                     "router_url": "http://127.0.0.1:18100", "worker_url": "http://127.0.0.1:8000",
+                                     "wave": 0}]
+    assert p1["router_workers"][0]["worker_url"] == "http://10.88.0.6:8000" and p1["router_workers"][0]["wave"] == 1
+
+
+def test_worker_ports_follow_the_hosts_own_port_rule_and_address_overrides():
+    hv = hostvars(**{"mn-1": {"vllm_instances": [dict(SOLO, name="a", port=8000), dict(SOLO, name="b", numa_node=0)],
+                              "vllm_router_worker_address": "gpu-b.example"}})
+    (router,) = plan("mn-0", hv)["routers"]
+    assert [w["url"] for w in router["workers"]] == ["http://127.0.0.1:8000", "http://gpu-b.example:8000",
+                                                     "http://gpu-b.example:8001"]
+    assert [w["url"] for w in router["workers"]][1:] == [
+        i["url"].replace("127.0.0.1", "gpu-b.example") for i in plan("mn-1", hv)["instances"]]
+
+
+@pytest.mark.parametrize("over, expect", [
+    ({"mn-1": {"vllm_service_host": "127.0.0.1"}},
+     "host mn-1: its instances listen on 127.0.0.1 (vllm_service_host), so the router on mn-0 cannot reach them"),
+    ({"mn-1": {"vllm_service_network_interface": "", "ansible_facts": {}}},
+     "set vllm_router_worker_address on mn-1"),
+    ({"mn-0": {"vllm_instances": []}, "mn-1": {"vllm_instances": []}}, "its router would have no worker"),
+    ({"mn-0": {"vllm_router_listen_port_base": 8000}}, "which is the HTTP port of instance 'solo'"),
+    ({"mn-0": {"vllm_router_policy": "fastest"}}, "vllm_router_policy"),
+    ({"mn-0": {"vllm_models": {"tiny": dict(MODELS["tiny"], frontdoor_port=8300)}}},
+     "router_port and frontdoor_port are both 8300"),
+])
+def test_refusals_name_the_host_and_the_variable(over, expect):
+    with pytest.raises(PlanContractError) as err:
+        plan("mn-0", hostvars(**over))
+    assert expect in str(err.value)
+    assert str(err.value).startswith("host mn-")
