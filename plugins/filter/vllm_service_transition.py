@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # Apache License 2.0 (see LICENSE)
-"""Filter ``vllm_service_transition``: the ordered stops and restarts of one host's service stage.
+"""Filters ``vllm_service_transition`` (the ordered stops and restarts of one host's service stage) and
+``vllm_router_waves`` (those steps padded so that hosts take a router's workers out one host at a time).
 
 The logic lives in ``plugins/plugin_utils/transition.py``; this wrapper parses the live probe and the
 recorded plan and never raises on what the host said (a plan.json that does not parse is no plan).
@@ -11,7 +12,7 @@ import json
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import parse_live, plan_transition
+from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import align_router_waves, parse_live, plan_transition
 
 
 def _recorded(value):
@@ -33,8 +34,16 @@ def vllm_service_transition(plan, live, restart, recorded=None, prune=True):
                            prune=bool(prune))
 
 
+def vllm_router_waves(steps_by_host, hosts):
+    """Each host's transition steps, padded so that no two hosts take a worker of the same router out at once."""
+    if not isinstance(steps_by_host, dict) or not isinstance(hosts, (list, tuple)):
+        raise AnsibleFilterError("vllm_router_waves: the input must map the play's hosts to their transition steps, "
+                                 "and hosts must be the play's hosts in order")
+    return align_router_waves({str(h): list(v or []) for h, v in steps_by_host.items()}, [str(h) for h in hosts])
+
+
 class FilterModule:
-    """Transition filter."""
+    """Transition filters."""
 
     def filters(self):
-        return {"vllm_service_transition": vllm_service_transition}
+        return {"vllm_service_transition": vllm_service_transition, "vllm_router_waves": vllm_router_waves}

@@ -126,10 +126,44 @@ def _live_resources(unit, recorded_instance):
 
 def _frontdoor_of(plan, name):
     for door in (plan or {}).get("frontdoors") or []:
+        if door.get("router"):  # a router's front door: its one backend is the router, not an instance
+            continue
         for backend in door.get("backends") or []:
             if backend.get("instance") == name:
                 return door.get("name") or ""
     return ""
+
+
+def _routers_of(plan, name):
+    return [dict(w) for w in (plan or {}).get("router_workers") or [] if w.get("instance") == name]
+
+
+#: A step that does nothing: it holds a host back while another host takes a worker of the same router out.
+WAIT_STEP = {"action": "wait", "name": "", "unit": "", "why": "another host's instance of the same router goes first",
+             "removed": False, "drain_frontdoor": "", "drain_url": "", "frontdoor": "", "url": "", "routers": [],
+             "routers_back": []}
+
+
+def align_router_waves(steps_by_host, hosts):
+    """Each host's steps, padded with ``WAIT_STEP`` so that no two hosts stop or restart a worker of the same router
+    at the same step position (the service role runs step N on every host before step N + 1, so a router always
+    keeps its other workers while one is out). ``hosts``: the play's hosts, in order; ``steps_by_host``: host ->
+    that host's ``plan_transition`` steps. The same answer on every host."""
+    taken, out = {}, {}
+    for host in hosts:
+        pos, padded = 0, []
+        for step in steps_by_host.get(host) or []:
+            keys = {(r.get("router_host"), r.get("router")) for r in (step.get("routers") or [])
+                    + (step.get("routers_back") or [])} if step.get("action") in ("stop", "restart") else set()
+            while any(pos in taken.get(k, ()) for k in keys):
+                padded.append(dict(WAIT_STEP))
+                pos += 1
+            for key in keys:
+                taken.setdefault(key, set()).add(pos)
+            padded.append(step)
+            pos += 1
+        out[host] = padded
+    return out
 
 
 def _describe(resources, index_of=None):
@@ -227,6 +261,9 @@ class _Transition:
             "drain_url": (rec.get("url") if old_door else new.get("url")) or "",
             "frontdoor": _frontdoor_of(self.plan, name) if action == "restart" else "",
             "url": new.get("url") or "",
+            # the routers (router.py) that send it requests now, and those that get it back after a restart
+            "routers": _routers_of(self.plan if new else self.recorded, name),
+            "routers_back": _routers_of(self.plan, name) if action == "restart" else [],
         })
 
     def _stop(self, other, why):

@@ -87,3 +87,44 @@ def test_refusals_name_the_host_and_the_variable(over, expect):
         plan("mn-0", hostvars(**over))
     assert expect in str(err.value)
     assert str(err.value).startswith("host mn-")
+
+
+# ---- waves: two hosts never take a worker of the same router out at the same step position
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ansible_collections.inferops.vllm.plugins.filter.vllm_service_transition import vllm_router_waves  # noqa: E402
+
+
+def _step(name, routers=(), action="restart"):
+    refs = [{"router_host": "r", "router": u, "instance": name} for u in routers]
+    return {"action": action, "name": name, "routers": refs, "routers_back": refs if action == "restart" else []}
+
+
+def test_the_second_host_waits_while_the_first_restarts_its_worker():
+    steps = {"mn-0": [_step("solo", ["A"])], "mn-1": [_step("solo", ["A"]), _step("other")]}
+    out = vllm_router_waves(steps, ["mn-0", "mn-1"])
+    assert [s["action"] for s in out["mn-0"]] == ["restart"]
+    assert [s["action"] for s in out["mn-1"]] == ["wait", "restart", "restart"]
+    # a step of another router, or no router, does not wait
+    out = vllm_router_waves({"a": [_step("x", ["A"])], "b": [_step("y", ["B"])]}, ["a", "b"])
+    assert [s["action"] for s in out["b"]] == ["restart"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["h0", "h1", "h2", "h3"]),
+                       st.lists(st.tuples(st.sets(st.sampled_from(["A", "B", "C"]), max_size=2),
+                                          st.sampled_from(["restart", "stop"])), max_size=4), min_size=1))
+def test_no_position_has_two_hosts_on_one_router_and_the_order_is_kept(plan):
+    hosts = sorted(plan)
+    steps = {h: [_step(f"{h}-{i}", sorted(r), a) for i, (r, a) in enumerate(v)] for h, v in plan.items()}
+    out = vllm_router_waves(steps, hosts)
+    for h in hosts:
+        assert [s for s in out[h] if s["action"] != "wait"] == steps[h]
+    for pos in range(max(len(v) for v in out.values())):
+        seen = {}
+        for h in hosts:
+            if pos < len(out[h]):
+                for ref in out[h][pos]["routers"]:
+                    assert seen.setdefault(ref["router"], h) == h
