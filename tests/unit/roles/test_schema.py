@@ -68,7 +68,7 @@ def test_flags_follow_the_rows_order():
     shown = [t for t in argv if t.startswith("--") and t.lstrip("-").removeprefix("no-") in
              {r["flag"] for r in schema.FLAG_ROWS} | {"enable-auto-tool-choice"}]
     assert shown == ["--max-model-len", "--enable-auto-tool-choice", "--tool-call-parser", "--trust-remote-code",
-                     "--max-num-seqs", "--enable-chunked-prefill"]
+                     "--shutdown-timeout", "--max-num-seqs", "--enable-chunked-prefill"]
 
 
 @pytest.mark.parametrize("key,value,fix", [
@@ -119,7 +119,7 @@ def test_any_valid_settings_give_exactly_their_flags(values):
     argv = plan({"m": dict(MODELS["m"], **valid)})["instances"][0]["argv"]
     for row in schema.FLAG_ROWS:
         flag = "--" + row["flag"]
-        value = valid.get(row["key"])
+        value = valid.get(row["key"], row["default"])  # a row with a default (shutdown_timeout) sets it unasked
         if value is None or (row["form"] == "switch" and not value):
             assert flag not in argv
         elif row["form"] == "tristate":

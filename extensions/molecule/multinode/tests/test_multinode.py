@@ -6,6 +6,7 @@ group (a headless rank killed) and feed a bad inventory; they run in file order,
 """
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -68,6 +69,11 @@ def plans(hosts):
     return {name: json.loads(h.file("/etc/inferops/vllm/plan.json").content_string) for name, h in hosts.items()}
 
 
+def duo(plan):
+    """The instance that spans the hosts (each host also runs `solo`, a worker of the router: test_router below)."""
+    return next(i for i in plan["instances"] if i["name"] == "duo")
+
+
 def eth0(host):
     return host.check_output("ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1").strip()
 
@@ -78,7 +84,7 @@ def show(host, prop):
 
 def completion(hosts, plans, timeout=60):
     # rank 0 binds every address (vllm_service_host 0.0.0.0): reach it on its eth0
-    url = f"http://{eth0(hosts[RANK0])}:{plans[RANK0]['instances'][0]['port']}"
+    url = f"http://{eth0(hosts[RANK0])}:{duo(plans[RANK0])['port']}"
     body = json.dumps({"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 8,
                        "temperature": 0})
     # from the other rank's container: across podman's bridge, as a client would
@@ -91,7 +97,7 @@ def completion(hosts, plans, timeout=60):
 
 def test_each_rank_is_planned_with_the_other_in_view(hosts, plans):
     addr0, addr1 = eth0(hosts[RANK0]), eth0(hosts[RANK1])
-    (first,), (second,) = plans[RANK0]["instances"], plans[RANK1]["instances"]
+    first, second = duo(plans[RANK0]), duo(plans[RANK1])
     for rank, (inst, addr, peer) in enumerate(((first, addr0, addr1), (second, addr1, addr0))):
         mn = inst["multinode"]
         assert mn["hosts"] == [RANK0, RANK1] and mn["node_rank"] == rank and mn["nnodes"] == 2
@@ -105,7 +111,7 @@ def test_each_rank_is_planned_with_the_other_in_view(hosts, plans):
 
 def test_rank_0_serves_the_api_and_rank_1_runs_headless(hosts, plans):
     for name, host in hosts.items():
-        (inst,) = plans[name]["instances"]
+        inst = duo(plans[name])
         assert show(host, "ActiveState") == "active"
         pid = show(host, "MainPID")
         cmdline = host.file(f"/proc/{pid}/cmdline").content.split(b"\0")[:-1]
@@ -139,11 +145,10 @@ def test_a_completion_through_rank_0_uses_both_stages(hosts, plans):
 
 def test_gpu_memory_sits_on_the_planned_gpu_of_both_hosts(hosts, plans):
     for name, host in hosts.items():
-        (inst,) = plans[name]["instances"]
         rows = host.check_output("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits")
         used = {int(i): int(m) for i, m in (line.split(",") for line in rows.splitlines())}
         busy = sorted(i for i, mib in used.items() if mib > plans[name]["footprint"]["idle_max_mib"])
-        assert busy == inst["gpus"], (name, used)
+        assert busy == sorted(g for inst in plans[name]["instances"] for g in inst["gpus"]), (name, used)
 
 
 def test_gpu_footprint_passes_on_both_hosts_against_their_plans():
@@ -186,7 +191,7 @@ def test_a_killed_headless_rank_is_restarted_by_systemd_but_the_group_is_broken(
     assert show(hosts[RANK0], "ActiveState") == "active"
     # rank 0's /health stays 200 (platform notes) while a completion hangs
     health = hosts[RANK1].run(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' "
-                              f"http://{eth0(hosts[RANK0])}:{plans[RANK0]['instances'][0]['port']}/health")
+                              f"http://{eth0(hosts[RANK0])}:{duo(plans[RANK0])['port']}/health")
     assert health.stdout == "200"
     assert completion(hosts, plans, timeout=15).stdout != "200"
 
@@ -273,3 +278,192 @@ def test_a_bad_multinode_inventory_fails_before_any_host_changes(hosts):
         assert show(host, "ExecMainStartTimestampMonotonic") == started[name]
         assert host.file("/etc/inferops/vllm/plan.json").mtime == plan_before[name]
     print(f"refused in {seconds:.0f} s")
+
+
+# --------------------------------------------------------------------------- the fleet's router (issue 27)
+
+ROUTER_UNIT = "inferops-vllm-router-tiny.service"
+ROUTER_PORT = VARS["vllm_models"]["tiny"]["router_port"]
+CLIENTS = os.path.join(SCENARIO, "..", "vllm_service", "files", "openai_clients.py")
+CLIENTS_LOG = "/var/tmp/router-openai-clients.jsonl"
+
+
+@pytest.fixture(scope="module")
+def router(plans):
+    (entry,) = plans[RANK0]["routers"]
+    return entry
+
+
+def router_get(hosts, router, path):
+    """GET on the router's loopback (only mn-0 itself reaches it)."""
+    return hosts[RANK0].check_output(f"curl -sS -m 10 {router['url']}{path}")
+
+
+def request_from_mn1(hosts, method, path, key=True, body=None):
+    """A request to mn-0's front door on the router's port, from mn-1's container (a client address)."""
+    url = f"http://{eth0(hosts[RANK0])}:{ROUTER_PORT}{path}"
+    auth = f"-H 'Authorization: Bearer {KEY}' " if key else ""
+    data = f"-H 'Content-Type: application/json' -d '{json.dumps(body)}' " if body is not None else ""
+    return hosts[RANK1].run(f"curl -sS -m 60 -o /tmp/router-answer -w '%{{http_code}}' -X {method} {auth}{data}'{url}'"
+                            ).stdout.strip()
+
+
+def router_counts(hosts, router):
+    """Requests the router sent to each worker so far (its Prometheus listener)."""
+    text = hosts[RANK0].check_output(f"curl -sS -m 10 {router['metrics']['url']}")
+    out = {w["url"]: 0.0 for w in router["workers"]}
+    for line in text.splitlines():
+        if line.startswith("vllm_router_processed_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            for url in out:
+                if f'"{url}"' in labels:
+                    out[url] += float(value)
+    return out
+
+
+def test_the_router_on_mn0_routes_to_the_solo_instance_of_both_hosts(hosts, plans, router):
+    solo = {name: next(i for i in plans[name]["instances"] if i["name"] == "solo") for name in hosts}
+    assert [(w["host"], w["instance"], w["url"]) for w in router["workers"]] == [
+        (RANK0, "solo", f"http://127.0.0.1:{solo[RANK0]['port']}"),
+        (RANK1, "solo", f"http://{eth0(hosts[RANK1])}:{solo[RANK1]['port']}")]
+    assert router["listen"]["address"] == "127.0.0.1" and router["policy"] == "cache_aware"
+    assert plans[RANK1]["routers"] == []
+    for name in hosts:
+        (entry,) = plans[name]["router_workers"]
+        assert entry["router_host"] == RANK0 and entry["instance"] == "solo"
+        assert entry["wave"] == (0 if name == RANK0 else 1)
+    listed = json.loads(router_get(hosts, router, "/list_workers"))["urls"]
+    assert sorted(listed) == sorted(w["url"] for w in router["workers"])
+    body = {"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 4}
+    assert request_from_mn1(hosts, "POST", "/v1/completions", body=body) == "200"
+    # the router holds no key: the instance behind it refuses a request without one
+    assert request_from_mn1(hosts, "POST", "/v1/completions", key=False, body=body) == "401"
+    assert request_from_mn1(hosts, "GET", "/health", key=False) == "200"
+
+
+def test_the_router_unit_is_hardened_on_loopback_and_holds_no_key(hosts, router):
+    host = hosts[RANK0]
+    unit = host.file(f"/etc/systemd/system/{ROUTER_UNIT}").content_string
+    assert "User=inferops-router" in unit and "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit
+    assert "CapabilityBoundingSet=\n" in unit and KEY not in unit and "api-key" not in unit
+    assert host.check_output(f"systemctl show --property=ActiveState --value {ROUTER_UNIT}") == "active"
+    pid = host.check_output(f"systemctl show --property=MainPID --value {ROUTER_UNIT}")
+    assert host.check_output(f"stat -c %U /proc/{pid}") == "inferops-router"
+    listening = host.check_output(f"ss -Hltnp | grep 'pid={pid},' || true")
+    assert f"127.0.0.1:{router['listen']['port']}" in listening, listening
+    assert f"0.0.0.0:{router['listen']['port']}" not in listening and "*:" + str(router['listen']['port']) not in listening
+    environ = host.run(f"cat /proc/{pid}/environ /proc/{pid}/cmdline").stdout
+    assert KEY not in environ
+    assert KEY not in host.check_output(f"journalctl -u {ROUTER_UNIT} --no-pager -q || true")
+
+
+def test_clients_reach_only_the_openai_routes_of_the_router(hosts, router):
+    before = sorted(json.loads(router_get(hosts, router, "/list_workers"))["urls"])
+    # the admin routes answer anyone who reaches the router (issue 27): through the front door they are refused
+    assert request_from_mn1(hosts, "POST", "/add_worker?url=http://10.0.0.66:8000", key=False) == "403"
+    assert request_from_mn1(hosts, "POST", "/remove_worker?url=" + before[0], key=True) == "403"
+    assert request_from_mn1(hosts, "GET", "/list_workers", key=False) == "403"
+    assert request_from_mn1(hosts, "POST", "/v1/../add_worker?url=http://10.0.0.66:8000", key=False) in ("403", "404")
+    assert request_from_mn1(hosts, "POST", "//add_worker?url=http://10.0.0.66:8000", key=False) == "403"
+    assert request_from_mn1(hosts, "GET", "/metrics", key=False) == "403"
+    # nothing reached the router's loopback from outside
+    assert hosts[RANK1].run(f"curl -sS -m 5 http://{eth0(hosts[RANK0])}:{router['listen']['port']}/list_workers").rc != 0
+    assert sorted(json.loads(router_get(hosts, router, "/list_workers"))["urls"]) == before
+
+
+def start_clients(hosts, clients=2, pause=2.0):
+    """Real OpenAI-client requests from mn-1 through mn-0's front door to the router (a transient unit on mn-1)."""
+    host = hosts[RANK1]
+    with open(CLIENTS, "rb") as fh:
+        script = base64.b64encode(fh.read()).decode()
+    host.run("systemctl stop router-openai-clients")
+    host.check_output(f"rm -f {CLIENTS_LOG}; echo {script} | base64 -d > /var/tmp/router-openai-clients.py")
+    host.check_output(f"umask 077; echo {base64.b64encode(KEY.encode()).decode()} | base64 -d > /run/router-clients.key")
+    venv = host.check_output("readlink -f /opt/inferops/vllm/current")
+    host.check_output(f"systemd-run --unit router-openai-clients {venv}/bin/python /var/tmp/router-openai-clients.py "
+                      f"http://{eth0(hosts[RANK0])}:{ROUTER_PORT}/v1 /run/router-clients.key tiny-llama {CLIENTS_LOG} "
+                      f"{clients} {pause}")
+
+
+def stop_clients(hosts):
+    hosts[RANK1].run("systemctl stop router-openai-clients")
+    return [json.loads(line) for line in hosts[RANK1].file(CLIENTS_LOG).content_string.splitlines() if line]
+
+
+def realtime(host, unit, prop):
+    """A unit's timestamp property in seconds since the epoch (the containers share the kernel's clock)."""
+    value = host.check_output(f"systemctl show --property={prop}Monotonic --value {unit}")
+    now_mono = float(host.check_output("cat /proc/uptime").split()[0])
+    return time.time() - now_mono + int(value) / 1e6
+
+
+def test_a_rollout_through_the_router_fails_no_request(hosts, plans, router):
+    """Issue 27: rollout.yml restarts the router's two workers (solo on each host, a new max_num_seqs) while OpenAI
+    clients on mn-1 send completions through mn-0's front door and router the whole time: no request fails. The two
+    hosts are one batch (duo spans them), so the service role takes turns (vllm_router_waves): mn-0's solo is taken
+    out of the router, drained, restarted, gated and put back before mn-1's is taken out."""
+    solo_b = [dict(i, max_num_seqs=8) if i["name"] == "solo" else i for i in VARS["vllm_instances"]]
+    counts = {"start": router_counts(hosts, router)}
+    start_clients(hosts)
+    try:
+        time.sleep(8)
+        counts["rollout"] = router_counts(hosts, router)
+        start = time.time()
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+            json.dump({"vllm_instances": solo_b}, fh)
+        try:
+            rc, out, seconds = playbook("inferops.vllm.rollout", "--skip-tags", "vllm_weights", "-e", "@" + fh.name,
+                                        timeout=1500)
+        finally:
+            os.unlink(fh.name)
+        end = time.time()
+        counts["rolled"] = router_counts(hosts, router)
+        time.sleep(8)
+        counts["end"] = router_counts(hosts, router)
+    finally:
+        records = stop_clients(hosts)
+    assert rc == 0, out[-4000:]
+    for name in hosts:
+        assert f"Take solo out of its routers" in out and "Put solo back into its routers" in out
+    failed = [r for r in records if not r["ok"]]
+    during = [r for r in records if start <= r["t"] <= end]
+    assert records and during and not failed, (len(records), failed[:5])
+    # one host after the other: mn-0's new solo started before mn-1's old one stopped
+    unit = "vllm-solo.service"
+    started0 = realtime(hosts[RANK0], unit, "ExecMainStartTimestamp")
+    stopped1 = realtime(hosts[RANK1], unit, "InactiveEnterTimestamp")
+    assert start < started0 < stopped1 < end, (start, started0, stopped1, end)
+    phases = {p: {u: counts[b][u] - counts[a][u] for u in counts[a]}
+              for p, a, b in (("before", "start", "rollout"), ("during", "rollout", "rolled"), ("after", "rolled", "end"))}
+    # while each worker was out, the other one served: both served during the rollout
+    assert all(v > 0 for v in phases["during"].values()), phases
+    for name in hosts:
+        assert "max-num-seqs 8" in " ".join(hosts[name].check_output(
+            f"cat /proc/$(systemctl show --property=MainPID --value {unit})/cmdline | tr '\\0' ' '").split())
+    latency = sorted(r["seconds"] for r in records)
+    print(f"rollout.yml through the router: {len(records)} requests ({len(during)} during the rollout), 0 failed, "
+          f"latency p50 {latency[len(latency) // 2]} s, max {latency[-1]} s; router requests per worker "
+          + "; ".join(f"{p} " + ", ".join(f"{u.split('//')[1]} {int(v)}" for u, v in c.items()) for p, c in phases.items())
+          + f"; rollout.yml took {end - start:.1f} s")
+
+
+def test_what_a_client_sees_when_the_router_restarts(hosts, router):
+    """The router itself restarts (its own upgrade): the front door retries a refused connection (retries 2,
+    option redispatch), so a client sees the restart as latency, or as errors for as long as it is down. Printed,
+    and the router serves again at once."""
+    start_clients(hosts, clients=2, pause=0.5)
+    try:
+        time.sleep(4)
+        t0 = time.time()
+        hosts[RANK0].check_output(f"systemctl restart {ROUTER_UNIT}")
+        time.sleep(8)
+    finally:
+        records = stop_clients(hosts)
+    around = [r for r in records if r["t"] >= t0 - 1]
+    failed = [r for r in around if not r["ok"]]
+    print(f"router restart under 2 clients (0.5 s pause): {len(around)} requests from 1 s before the restart to 8 s "
+          f"after, {len(failed)} failed: {[r.get('error', r.get('status')) for r in failed][:3]}; slowest "
+          f"{max(r['seconds'] for r in around)} s")
+    assert [r for r in records if r["t"] > t0 + 4 and r["ok"]], records[-5:]
+    listed = json.loads(router_get(hosts, router, "/list_workers"))["urls"]
+    assert sorted(listed) == sorted(w["url"] for w in router["workers"])
