@@ -15,7 +15,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import ran
 from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan
 
 _READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect",
-         "vllm_service_host", "vllm_router_worker_address", "vllm_router_listen_port_base",
+         "vllm_service_host", "vllm_router_worker_address", "vllm_router_listen_port_base", "vllm_router_policy",
          "vllm_preflight_plan_options")
 
 

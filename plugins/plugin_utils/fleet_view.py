@@ -9,7 +9,7 @@ reached):
 
     inventory host -> {in_play, groups, group_positions, addresses, interface, gpu_count, models_dir,
                        fast_interconnect, instances, models, bind_host, router_address, router_listen_base,
-                       base_port}
+                       router_policy, base_port}
 
 ``addresses`` come from the network facts (``ansible.builtin.setup`` with ``gather_subset: network``,
 which the preflight facts step reads only on hosts with a multi-node instance): interface ->
@@ -110,6 +110,7 @@ def fleet_view(hostvars, hosts, play_hosts, defaults, groups=None) -> dict:
             "bind_host": var("vllm_service_host"),
             "router_address": var("vllm_router_worker_address") or "",
             "router_listen_base": var("vllm_router_listen_port_base"),
+            "router_policy": var("vllm_router_policy"),
             "base_port": _get(var("vllm_preflight_plan_options") or {}, "base_port", None),
         }
     return view

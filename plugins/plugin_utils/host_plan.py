@@ -28,7 +28,8 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
     metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports)
-from ansible_collections.inferops.vllm.plugins.plugin_utils.router import ROUTER_POLICIES, plan_routers
+from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
+    ROUTER_POLICIES, SCALE_OUT_FLAG, needs_scale_out, plan_routers)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -47,7 +48,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import 
     int_list,
     service_specs,
 )
-from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import env_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import canonical_flag, env_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import VERIFY_MODES, plan_items
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool,
@@ -477,6 +478,17 @@ def _frontdoor_runtime(opts):
             "ready_timeout": int(opts["frontdoor_ready_timeout"])}
 
 
+def _scale_out(placed, models, host, fleet):
+    """The instances a cache_aware router routes to serve the render endpoints it tokenizes with (router.py)."""
+    names = set(needs_scale_out(host, plain(fleet))) if isinstance(fleet, dict) else set()
+    for entry in placed:
+        if entry.get("name") not in names:
+            continue
+        given = list((models.get(entry.get("model")) or {}).get("extra_args") or []) + list(entry.get("extra_args") or [])
+        if not any(canonical_flag(str(g).split()[0]) == SCALE_OUT_FLAG.lstrip("-") for g in given if str(g).strip()):
+            entry["extra_args"] = list(entry.get("extra_args") or []) + [SCALE_OUT_FLAG]
+
+
 def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
     """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
 
@@ -509,6 +521,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     except PlanError as exc:
         raise PlanContractError(exc.problems, host) from exc
     placed = [restore_multinode(entry) for entry in placed]
+    _scale_out(placed, norm["models"], host, fleet)
     venv = opts["install_prefix"].rstrip("/") + "/current"
     specs = service_specs(
         placed, norm["models"], host=opts["host"], venv=venv, python=None,

@@ -26,7 +26,9 @@ front door), ``served_model_names`` (the first served name of each, in the same 
 Instance groups come first, in host order, then the front door groups in host order, then the node_exporter
 groups (the plan's ``node_exporter``, when the service role manages it: the host's metrics and the watchdog's
 textfile metrics) in host order: labels ``instance`` (``<host>/_node``), ``host``, ``inferops_role``
-(``node``).
+(``node``); then the routers' Prometheus listeners (the plan's ``routers``) in host and model order: labels
+``instance`` (``<host>/_router_<model>``), ``host``, ``inferops_role`` (``router``), ``model`` (the first served
+name), ``router_port``.
 """
 from __future__ import annotations
 
@@ -80,11 +82,24 @@ def _node_group(host, plan, address, scraper, warnings):
             "labels": {"instance": f"{host}/_node", "host": host, "inferops_role": "node"}}
 
 
+def _router_groups(host, plan, address, scraper, warnings):
+    """The target groups of the host's routers' Prometheus listeners (the plan's ``routers``)."""
+    out = []
+    for router in plan.get("routers") or []:
+        metrics = router["metrics"]
+        target = _target(host, metrics["bind_address"], metrics["port"], address, scraper, warnings,
+                         f"the router of '{router['model']}'", "vllm_frontdoor_bind_address")
+        out.append({"targets": [target],
+                    "labels": {"instance": f"{host}/_router_{router['model']}", "host": host, "inferops_role": "router",
+                               "model": router["served_model_name"][0], "router_port": str(router["port"])}})
+    return out
+
+
 def file_sd_targets(hosts, scraper=None):
     """``{"targets": [target groups], "warnings": [...]}``, hosts and instances in a stable order."""
     if not isinstance(hosts, dict):
         raise ValueError(f"the input must be a dict: host -> {{plan, address, vllm_version}}, got {type(hosts).__name__}")
-    groups, frontdoor_groups, node_groups, warnings = [], [], [], []
+    groups, frontdoor_groups, node_groups, router_groups, warnings = [], [], [], [], []
     for host in sorted(hosts):
         entry = hosts[host]
         plan = (entry or {}).get("plan") if isinstance(entry, dict) else None
@@ -118,4 +133,5 @@ def file_sd_targets(hosts, scraper=None):
         node = _node_group(host, plan, address, scraper, warnings)
         if node:
             node_groups.append(node)
-    return {"targets": groups + frontdoor_groups + node_groups, "warnings": warnings}
+        router_groups += _router_groups(host, plan, address, scraper, warnings)
+    return {"targets": groups + frontdoor_groups + node_groups + router_groups, "warnings": warnings}

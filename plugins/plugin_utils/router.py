@@ -13,7 +13,7 @@ host's groups, ``vllm_instances``, ``vllm_models``, bind address, router address
   reach it through the host's front door on ``port`` (``router_port``), which passes ``/v1/*`` and ``/health``
   and nothing else. ``metrics`` is its Prometheus listener (``vllm_router_metrics_port_base`` + position).
 * ``router_workers`` (every host): this host's instances that a router routes to, with where that router is:
-  ``{instance, model, router_host, router, router_url, worker_url, wave}``. The service role takes an instance
+  ``{instance, model, router_host, router, router_url, worker_url, wave, policy}``. The service role takes an instance
   out of each router before it stops or restarts it and puts it back after its gate. ``wave`` is the host's
   position among the router's worker hosts: the service role restarts the workers of one router one wave at
   a time, so two hosts never take the same router's instances out together.
@@ -32,7 +32,14 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import int
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
-__all__ = ["plan_routers", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name"]
+__all__ = ["plan_routers", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name", "SCALE_OUT_FLAG",
+           "needs_scale_out"]
+
+#: The vLLM flag that registers the render endpoints (``/v1/completions/render``, ...) vllm-router's cache_aware
+#: policy asks every worker for a prompt's tokens: without it vLLM answers 403 and the router falls back to
+#: load-based routing (measured with vllm-router 0.1.17 and vLLM 0.32.0, tests/benchmarks/bench_router.py). The
+#: endpoints check the instance's API key like the OpenAI routes.
+SCALE_OUT_FLAG = "--enable-scale-out"
 
 #: The inventory group whose hosts run the routers.
 ROUTER_GROUP = "vllm_routers"
@@ -165,7 +172,8 @@ def plan_routers(host, fleet, models, opts, taken):
                 continue
             workers_of_host += [{"instance": w["instance"], "model": key, "router_host": router_host,
                                  "router": router_unit(key), "router_url": _url("127.0.0.1", listen),
-                                 "worker_url": w["url"], "wave": hosts.index(host)}
+                                 "worker_url": w["url"], "wave": hosts.index(host),
+                                 "policy": entry.get("router_policy") or "cache_aware"}
                                 for w in workers if w["host"] == host]
     return routers, workers_of_host, problems
 
@@ -174,3 +182,9 @@ def _names(value):
     if isinstance(value, str):
         return [value]
     return list(value or [])
+
+
+def needs_scale_out(host, fleet):
+    """Names of ``host``'s instances that a cache_aware router routes to (they get ``SCALE_OUT_FLAG``)."""
+    _, workers, _ = plan_routers(host, fleet, {}, {}, [])
+    return sorted({w["instance"] for w in workers if w["policy"] == "cache_aware"})

@@ -153,8 +153,8 @@ def align_router_waves(steps_by_host, hosts):
     for host in hosts:
         pos, padded = 0, []
         for step in steps_by_host.get(host) or []:
-            keys = {(r.get("router_host"), r.get("router")) for r in (step.get("routers") or [])
-                    + (step.get("routers_back") or [])} if step.get("action") in ("stop", "restart") else set()
+            # only a running instance taken out costs its router a worker (a new one only joins)
+            keys = {(r.get("router_host"), r.get("router")) for r in step.get("routers") or []}
             while any(pos in taken.get(k, ()) for k in keys):
                 padded.append(dict(WAIT_STEP))
                 pos += 1
@@ -261,8 +261,10 @@ class _Transition:
             "drain_url": (rec.get("url") if old_door else new.get("url")) or "",
             "frontdoor": _frontdoor_of(self.plan, name) if action == "restart" else "",
             "url": new.get("url") or "",
-            # the routers (router.py) that send it requests now, and those that get it back after a restart
-            "routers": _routers_of(self.plan if new else self.recorded, name),
+            # the routers (router.py) that send it requests now (only if it runs now: a stop, or a restart of a
+            # running instance), and those that get it back after a restart
+            "routers": _routers_of(self.plan if new else self.recorded, name)
+            if action == "stop" or name in self.holders else [],
             "routers_back": _routers_of(self.plan, name) if action == "restart" else [],
         })
 

@@ -26,8 +26,8 @@ started for each measurement. What it measures:
    show nothing when a policy sends most of the traffic to one worker. Reported: requests ok / failed
    (HTTP status other than 200, connection error, stream without [DONE]) that ended in the --dead-seconds after
    the kill, the errors seen, the time of the last failure, and when the router showed the worker out of
-   rotation (``GET /list_workers`` and ``vllm_router_worker_health`` on its Prometheus port, polled every
-   0.2 s), plus the router's retry / error counters.
+   rotation (``GET /list_workers``, and ``vllm_router_worker_health`` and ``vllm_router_cb_state`` (circuit
+   breaker) on its Prometheus port, polled every 0.2 s), plus the router's retry / error counters.
 4. +scale-out: before it routes, vllm-router 0.1.17 asks every worker for the prompt's tokens
    (``POST /v1/completions/render``, with the client's Authorization header); vLLM 0.32.0 answers 403 unless
    started with ``--enable-scale-out`` (the router counts ``vllm_router_prefix_routing_decisions_total
@@ -529,7 +529,7 @@ def phase_dead(args, work, instances, system):
     router = Router(args, work, urls, "cache_aware", "dead")
     stop = threading.Event()
     records, lock = [], threading.Lock()
-    seen = {"list_workers": None, "worker_health_0": None, "active_workers_1": None}
+    seen = {"list_workers": None, "worker_health_0": None, "active_workers_1": None, "cb_open": None}
     state = {"kill_t": None, "victim": None}
     rng = random.Random(args.seed + 7)
     prompts = []
@@ -561,6 +561,8 @@ def phase_dead(args, work, instances, system):
                 if seen["worker_health_0"] is None:
                     if prom_by_label(m, "vllm_router_worker_health", "worker").get(victim) == 0:
                         seen["worker_health_0"] = now
+                if seen["cb_open"] is None and prom_by_label(m, "vllm_router_cb_state", "worker").get(victim) == 1:
+                    seen["cb_open"] = now
                 if seen["active_workers_1"] is None and m:
                     active = [v for n, _l, v in m if n == "vllm_router_active_workers"]
                     if active and active[0] <= len(urls) - 1:
@@ -699,10 +701,10 @@ def report(fig):
         for e, n in sorted(k["errors"].items(), key=lambda kv: -kv[1]):
             print("    %4d x %s" % (n, e))
         s = d["out_of_rotation_s"]
-        print("  out of rotation after the kill: /list_workers %s, vllm_router_worker_health=0 %s, "
-              "vllm_router_active_workers=1 %s" % tuple(
+        print("  out of rotation after the kill: circuit breaker open (vllm_router_cb_state=1) %s, "
+              "vllm_router_worker_health=0 %s, dropped from /list_workers %s, vllm_router_active_workers=1 %s" % tuple(
                   "never" if s[x] is None else "+%.1f s" % s[x]
-                  for x in ("list_workers", "worker_health_0", "active_workers_1")))
+                  for x in ("cb_open", "worker_health_0", "list_workers", "active_workers_1")))
         c = d["router_counters"]
         print("  router counters over the run: retries %d, retries exhausted %d, request errors %d, circuit "
               "breaker transitions %d (victim's cb_state at the end: %s); %d WARN/ERROR log lines after the kill" % (

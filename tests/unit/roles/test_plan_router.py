@@ -57,8 +57,21 @@ def test_the_router_host_routes_to_every_hosts_instance_and_each_host_knows_its_
     assert p0["router_workers"] == [{"instance": "solo", "model": "tiny", "router_host": "mn-0",
                                      "router": "inferops-vllm-router-tiny.service",
                                      "router_url": "http://127.0.0.1:18100", "worker_url": "http://127.0.0.1:8000",
-                                     "wave": 0}]
+                                     "wave": 0, "policy": "cache_aware"}]
     assert p1["router_workers"][0]["worker_url"] == "http://10.88.0.6:8000" and p1["router_workers"][0]["wave"] == 1
+    # cache_aware tokenizes through every worker's render endpoint: the workers serve it (and nothing else gets it)
+    for p in (p0, p1):
+        (solo,) = p["instances"]
+        assert solo["argv"].count("--enable-scale-out") == 1
+
+
+def test_only_cache_aware_routers_workers_get_the_render_endpoints():
+    hv = hostvars(**{"mn-0": {"vllm_router_policy": "round_robin"}})
+    assert "--enable-scale-out" not in plan("mn-1", hv)["instances"][0]["argv"]
+    hv = hostvars(**{"mn-1": {"vllm_instances": [dict(SOLO, extra_args=["--enable-scale-out"])]}})
+    assert plan("mn-1", hv)["instances"][0]["argv"].count("--enable-scale-out") == 1
+    hv = hostvars(**{"mn-0": {"group_names": ["vllm_nodes"]}})
+    assert "--enable-scale-out" not in plan("mn-1", hv)["instances"][0]["argv"]
 
 
 def test_worker_ports_follow_the_hosts_own_port_rule_and_address_overrides():
@@ -128,3 +141,13 @@ def test_no_position_has_two_hosts_on_one_router_and_the_order_is_kept(plan):
             if pos < len(out[h]):
                 for ref in out[h][pos]["routers"]:
                     assert seen.setdefault(ref["router"], h) == h
+
+
+def test_the_routers_metrics_listener_is_a_file_sd_target():
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.metrics_targets import file_sd_targets
+    out = file_sd_targets({"mn-0": {"plan": plan("mn-0"), "address": "10.88.0.5"},
+                           "mn-1": {"plan": plan("mn-1"), "address": "10.88.0.6"}})
+    routers = [g for g in out["targets"] if g["labels"].get("inferops_role") == "router"]
+    assert routers == [{"targets": ["10.88.0.5:29100"],
+                        "labels": {"instance": "mn-0/_router_tiny", "host": "mn-0", "inferops_role": "router",
+                                   "model": "tiny-llama", "router_port": "8300"}}]
