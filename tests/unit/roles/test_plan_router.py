@@ -151,3 +151,26 @@ def test_the_routers_metrics_listener_is_a_file_sd_target():
     assert routers == [{"targets": ["10.88.0.5:29100"],
                         "labels": {"instance": "mn-0/_router_tiny", "host": "mn-0", "inferops_role": "router",
                                    "model": "tiny-llama", "router_port": "8300"}}]
+
+
+# ---- the transition's steps carry the routers to take the instance out of, and to put it back into
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import plan_transition  # noqa: E402
+
+
+def _live(p):
+    return [{"unit": i["unit"], "name": i["name"], "state": "active", "pid": 100, "source": "process",
+             "gpus": [g for g in dict(i["environment"]).get("CUDA_VISIBLE_DEVICES", "").split(",") if g],
+             "port": i["port"], "vllm_port": int(dict(i["environment"])["VLLM_PORT"])} for i in p["instances"]]
+
+
+def test_a_running_worker_is_taken_out_and_put_back_a_new_one_only_joins():
+    p1 = plan("mn-1")
+    (step,) = plan_transition(_live(p1), p1["instances"], ["solo"], recorded=p1, plan=p1)["steps"]
+    assert step["action"] == "restart" and step["routers"] == p1["router_workers"] == step["routers_back"]
+    (step,) = plan_transition([], p1["instances"], ["solo"], recorded=None, plan=p1)["steps"]
+    assert step["routers"] == [] and step["routers_back"] == p1["router_workers"]
+    # removed from the plan: taken out of the router it was in (the recorded plan's), nothing to put back
+    empty = plan("mn-1", hostvars(**{"mn-1": {"vllm_instances": []}}))
+    (step,) = plan_transition(_live(p1), [], [], recorded=p1, plan=empty)["steps"]
+    assert step["action"] == "stop" and step["routers"] == p1["router_workers"] and step["routers_back"] == []
