@@ -165,7 +165,7 @@ def plan_routers(host, fleet, models, opts, taken):
         if not _is_router_host(entry):
             continue
         for key in _router_models(entry):
-            workers, _ = _workers(fleet, key, router_host)
+            workers = _workers(fleet, key, router_host)[0]
             hosts = list(dict.fromkeys(w["host"] for w in workers))
             listen = _listen_port(entry, key)
             if host not in hosts or listen is None:
@@ -186,5 +186,5 @@ def _names(value):
 
 def needs_scale_out(host, fleet):
     """Names of ``host``'s instances that a cache_aware router routes to (they get ``SCALE_OUT_FLAG``)."""
-    _, workers, _ = plan_routers(host, fleet, {}, {}, [])
+    workers = plan_routers(host, fleet, {}, {}, [])[1]
     return sorted({w["instance"] for w in workers if w["policy"] == "cache_aware"})

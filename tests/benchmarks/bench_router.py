@@ -355,7 +355,7 @@ def run_pool(jobs, concurrency, fn):
                 return
             results[i] = fn(jobs[i])
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker) for _n in range(concurrency)]
     for t in threads:
         t.start()
     for t in threads:
@@ -373,9 +373,9 @@ class Workload:
         self.prefix = ["\n\n### Session %d: operator %s on cluster %s-%d, focus %s and %s.\n"
                        % (s, rng.choice(WORDS).capitalize(), rng.choice(WORDS), rng.randrange(100, 999),
                           rng.choice(WORDS), rng.choice(WORDS)) for s in range(sessions)]
-        self.messages = [[" ".join(rng.choice(WORDS) for _ in range(6)) + "?" for _t in range(turns)]
+        self.messages = [[" ".join(rng.choice(WORDS) for _n in range(6)) + "?" for _t in range(turns)]
                          for _s in range(sessions)]
-        self.history = [[] for _ in range(sessions)]
+        self.history = [[] for _n in range(sessions)]
 
     def prompt(self, s, t):
         text = self.system + self.prefix[s]
@@ -536,7 +536,7 @@ def phase_dead(args, work, instances, system):
     for s in range(args.sessions):  # shared system prompt, each session's prefix, a fresh question each time
         for _k in range(20):
             prompts.append(system + "\n\n### Session %d.\nUser: %s?\nAssistant:"
-                           % (s, " ".join(rng.choice(WORDS) for _ in range(10))))
+                           % (s, " ".join(rng.choice(WORDS) for _n in range(10))))
 
     def client(i):
         n = i
@@ -617,10 +617,9 @@ def phase_dead(args, work, instances, system):
                            "first_failure_s": min((r["end"] - kill_t for r in failed), default=None),
                            "ttft": ttft_stats(after)},
             "out_of_rotation_s": seen, "list_workers_at_end": list_after[1].strip()[:200],
-            "router_counters": {n: counter_delta(n) for n in ("vllm_router_retries_total",
-                                                               "vllm_router_retries_exhausted_total",
-                                                               "vllm_router_request_errors_total",
-                                                               "vllm_router_cb_state_transitions_total")},
+            "router_counters": {n: counter_delta(n) for n in (
+                "vllm_router_retries_total", "vllm_router_retries_exhausted_total",
+                "vllm_router_request_errors_total", "vllm_router_cb_state_transitions_total")},
             "router_cb_state_victim": prom_by_label(rmetrics_after, "vllm_router_cb_state", "worker").get(victim.url),
             "router_warn_error_lines": len(log_lines_after(router.proc.log, log_offset)),
             "router_log_sample": sorted(set(re.sub(r"\d{4,}", "N", l)[:200]
@@ -670,8 +669,8 @@ def report(fig):
         for label, key in (("direct to instance %s" % o["direct_instance"], "direct"),
                            ("through router (cache_aware)", "router")):
             st = o[key]
-            print("  %-45s %6d %7s ms %7s ms %7s ms %7d" % (label, st["n"], ms(st["p50"]), ms(st["p99"]),
-                                                          ms(st["mean"]), o["failed"][key]))
+            print("  %-45s %6d %7s ms %7s ms %7s ms %7d" % (
+                label, st["n"], ms(st["p50"]), ms(st["p99"]), ms(st["mean"]), o["failed"][key]))
         if o["direct"]["p50"] is not None and o["router"]["p50"] is not None:
             diff = [ms(o["router"][q] - o["direct"][q]) for q in ("p50", "p99", "mean")]
             print("  %-45s %6s %7s ms %7s ms %7s ms" % ("router - direct", "", *diff))
@@ -687,10 +686,9 @@ def report(fig):
                   r["health_success_threshold"], r["retry_max_retries"], r["retry_initial_backoff_ms"],
                   r["retry_max_backoff_ms"] // 1000, r["cb_failure_threshold"], r["cb_window_duration_secs"],
                   r["cb_timeout_duration_secs"]))
+        served = ", ".join("%s %d" % kv for kv in sorted(d["served_before_kill"].items()))
         print("  client: 2 threads sending continuously; served in the first %.0f s: %s; SIGKILL to instance %s "
-              "(whole process group)" % (d["kill_after_s"], ", ".join("%s %d" % kv for kv in
-                                                                      sorted(d["served_before_kill"].items())),
-                                          d["killed"]))
+              "(whole process group)" % (d["kill_after_s"], served, d["killed"]))
         print("  before the kill: %d requests, %d failed" % (d["before_kill"]["requests"], d["before_kill"]["failed"]))
         print("  %d s after the kill: %d requests, %d ok, %d failed; failures from +%s s to +%s s; TTFT p50 %s ms, "
               "p99 %s ms (ok ones)" % (
@@ -719,7 +717,7 @@ def report(fig):
 def version_of(python, dist):
     try:
         return subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version(%r))" % dist],
-                              capture_output=True, text=True, timeout=60).stdout.strip() or "?"
+                              capture_output=True, text=True, timeout=60, check=False).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
 
