@@ -91,11 +91,6 @@ def router_frontdoor(router, bind_address):
     }
 
 
-def metrics_listener(frontdoors, taken, bind_address, port):
-    """The metrics listener of the host's HAProxy for ``frontdoors`` (or None) and its problems."""
-    return _metrics(frontdoors, taken, bind_address, port)
-
-
 def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):
     """``(frontdoors, metrics, problems)`` of one host; see the module docstring."""
     problems = []
@@ -138,7 +133,7 @@ def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):
             "backends": [{"instance": i["name"], "unit": i["unit"], "address": connect_host(i["bind_address"]),
                           "port": i["port"], "url": i["url"]} for i in insts],
         })
-    metrics, metrics_problems = _metrics(frontdoors, taken, bind_address, metrics_port)
+    metrics, metrics_problems = metrics_listener(frontdoors, taken, bind_address, metrics_port)
     return frontdoors, metrics, problems + metrics_problems
 
 
@@ -148,18 +143,14 @@ def plan_node_exporter(instances, frontdoors, metrics, bind_address, port, strid
     if not port:
         return None, []
     where = "vllm_service_node_exporter_port"
-    taken = _taken(instances, int(stride))
-    taken += [(fd["port"], fd["port"], f"the front door of model '{fd['model']}'") for fd in frontdoors]
-    if metrics:
-        taken.append((metrics["port"], metrics["port"], "the front doors' metrics listener (vllm_frontdoor_metrics_port)"))
     problems = [f"{where} is {port}, which is {what}; give node_exporter a port nothing else on the host uses"
-                for low, high, what in taken if low <= port <= high]
+                for low, high, what in taken_ports(instances, stride, frontdoors, metrics) if low <= port <= high]
     return {"bind_address": bind_address, "port": port,
             "url": _url(connect_host(bind_address), port) + "/metrics"}, problems
 
 
-def _metrics(frontdoors, taken, bind_address, port):
-    """The metrics listener of the host's HAProxy (or None) and its problems."""
+def metrics_listener(frontdoors, taken, bind_address, port):
+    """The metrics listener of the host's HAProxy for ``frontdoors`` (or None) and its problems."""
     where = "vllm_frontdoor_metrics_port"
     if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535):
         return None, [f"{where} is {port!r}; use a TCP port number 1-65535, or 0 for no metrics listener"]

@@ -29,7 +29,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
     metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
-    ROUTER_POLICIES, SCALE_OUT_FLAG, needs_scale_out, plan_routers)
+    ROUTER_POLICIES, SCALE_OUT_FLAG, plan_routers, router_workers)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -478,9 +478,9 @@ def _frontdoor_runtime(opts):
             "ready_timeout": int(opts["frontdoor_ready_timeout"])}
 
 
-def _scale_out(placed, models, host, fleet):
+def _scale_out(placed, models, workers):
     """The instances a cache_aware router routes to serve the render endpoints it tokenizes with (router.py)."""
-    names = set(needs_scale_out(host, plain(fleet))) if isinstance(fleet, dict) else set()
+    names = {w["instance"] for w in workers if w["policy"] == "cache_aware"}
     for entry in placed:
         if entry.get("name") not in names:
             continue
@@ -521,7 +521,8 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     except PlanError as exc:
         raise PlanContractError(exc.problems, host) from exc
     placed = [restore_multinode(entry) for entry in placed]
-    _scale_out(placed, norm["models"], host, fleet)
+    workers_here = router_workers(host, plain(fleet))
+    _scale_out(placed, norm["models"], workers_here)
     venv = opts["install_prefix"].rstrip("/") + "/current"
     specs = service_specs(
         placed, norm["models"], host=opts["host"], venv=venv, python=None,
@@ -550,7 +551,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         opts["node_exporter_port"], opts["vllm_port_stride"])
     problems += ne_problems
     bind = opts["frontdoor_bind_address"] or opts["host"]
-    routers, router_workers, router_problems = plan_routers(
+    routers, router_problems = plan_routers(
         host, plain(fleet), norm["models"],
         {"router_policy": opts["router_policy"], "router_listen_base": opts["router_listen_base"],
          "router_metrics_base": opts["router_metrics_base"], "metrics_bind_address": bind},
@@ -583,7 +584,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         # the routers of this host (group vllm_routers) and the routers this host's instances are workers of
         # (router.py); the router role reads the first, the service role's drain the second
         "routers": routers,
-        "router_workers": router_workers,
+        "router_workers": workers_here,
         # node_exporter's listener (the service role installs it; the file_sd lists it), or None
         "node_exporter": node_exporter,
         # the front door's runtime API and drain settings: the front door role and the service role's restart

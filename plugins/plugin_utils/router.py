@@ -2,9 +2,9 @@
 """The fleet's routers: one ``vllm-router`` per model on each host of the group ``vllm_routers``, over the
 model's instances on every host (controller side, pure Python, no Ansible imports).
 
-``plan_routers(host, fleet, models, opts, taken)`` reads the fleet view (``fleet_view.py``: every inventory
-host's groups, ``vllm_instances``, ``vllm_models``, bind address, router address and port base) and returns
-``(routers, router_workers, problems)`` for the plan of ``host``:
+``plan_routers(host, fleet, models, opts, taken)`` and ``router_workers(host, fleet)`` read the fleet view
+(``fleet_view.py``: every inventory host's groups, ``vllm_instances``, ``vllm_models``, bind address, router
+address and port base) and give the plan of ``host``:
 
 * ``routers`` (hosts of ``vllm_routers`` only): one per model of this host whose ``vllm_models`` entry sets
   ``router_port``, sorted by model key: ``{name, model, unit, served_model_name, port, listen, url, metrics,
@@ -12,7 +12,7 @@ host's groups, ``vllm_instances``, ``vllm_models``, bind address, router address
   admin routes answer anyone who reaches it), on ``vllm_router_listen_port_base`` + its position; clients
   reach it through the host's front door on ``port`` (``router_port``), which passes ``/v1/*`` and ``/health``
   and nothing else. ``metrics`` is its Prometheus listener (``vllm_router_metrics_port_base`` + position).
-* ``router_workers`` (every host): this host's instances that a router routes to, with where that router is:
+* ``router_workers`` (every host, ``router_workers()``): this host's instances that a router routes to, with where that router is:
   ``{instance, model, router_host, router, router_url, worker_url, wave, policy}``. The service role takes an instance
   out of each router before it stops or restarts it and puts it back after its gate. ``wave`` is the host's
   position among the router's worker hosts: the service role restarts the workers of one router one wave at
@@ -32,8 +32,8 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import int
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
-__all__ = ["plan_routers", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name", "SCALE_OUT_FLAG",
-           "needs_scale_out"]
+__all__ = ["plan_routers", "router_workers", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name",
+           "SCALE_OUT_FLAG"]
 
 #: The vLLM flag that registers the render endpoints (``/v1/completions/render``, ...) vllm-router's cache_aware
 #: policy asks every worker for a prompt's tokens: without it vLLM answers 403 and the router falls back to
@@ -121,14 +121,14 @@ def _workers(fleet, model, router_host):
 
 
 def plan_routers(host, fleet, models, opts, taken):
-    """``(routers, router_workers, problems)`` of ``host``; see the module docstring.
+    """``(routers, problems)`` of ``host`` (empty unless it is in ``vllm_routers``); see the module docstring.
 
     ``models``: this host's normalised models; ``opts``: the plan inputs (``router_policy``,
     ``router_listen_base``, ``router_metrics_base``, ``metrics_bind_address``); ``taken``: ports this host
     already uses, ``[(low, high, what)]``.
     """
     fleet = fleet if isinstance(fleet, dict) else {}
-    routers, workers_of_host, problems = [], [], []
+    routers, problems = [], []
     me = fleet.get(host) or {}
     if _is_router_host(me):
         keys = [k for k in sorted(models) if models[k].get("router_port") is not None]
@@ -161,6 +161,14 @@ def plan_routers(host, fleet, models, opts, taken):
                 "policy": opts["router_policy"],
                 "workers": workers,
             })
+    return routers, problems
+
+
+def router_workers(host, fleet):
+    """This host's instances that a router of the fleet routes to (the plan's ``router_workers``); see the module
+    docstring. The plan reads it once: the workers of a cache_aware router get ``SCALE_OUT_FLAG``."""
+    fleet = fleet if isinstance(fleet, dict) else {}
+    workers_of_host = []
     for router_host, entry in fleet.items():
         if not _is_router_host(entry):
             continue
@@ -175,16 +183,10 @@ def plan_routers(host, fleet, models, opts, taken):
                                  "worker_url": w["url"], "wave": hosts.index(host),
                                  "policy": entry.get("router_policy") or "cache_aware"}
                                 for w in workers if w["host"] == host]
-    return routers, workers_of_host, problems
+    return workers_of_host
 
 
 def _names(value):
     if isinstance(value, str):
         return [value]
     return list(value or [])
-
-
-def needs_scale_out(host, fleet):
-    """Names of ``host``'s instances that a cache_aware router routes to (they get ``SCALE_OUT_FLAG``)."""
-    workers = plan_routers(host, fleet, {}, {}, [])[1]
-    return sorted({w["instance"] for w in workers if w["policy"] == "cache_aware"})
