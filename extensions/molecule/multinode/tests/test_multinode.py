@@ -427,7 +427,7 @@ def test_a_rollout_through_the_router_fails_no_request(hosts, plans, router):
     finally:
         records = stop_clients(hosts)
     assert rc == 0, out[-4000:]
-    assert "Take out of its routers solo" in out and "Put back into its routers solo" in out
+    assert "Take out of its routers and drain solo" in out and "Put back into its routers solo" in out
     failed = [r for r in records if not r["ok"]]
     during = [r for r in records if start <= r["t"] <= end]
     assert records and during and not failed, (len(records), failed[:5])
