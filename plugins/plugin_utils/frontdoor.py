@@ -3,7 +3,9 @@
 
 ``plan_frontdoors(instances, models, bind_address, stride, metrics_port=0)`` reads the plan's instances
 (after placement and unit content: ``port``, ``url``, ``vllm_port``, ``multinode``) and the normalised
-models (``frontdoor_port``) and returns ``(frontdoors, metrics, problems)``. A model gets a front door on a
+models (``frontdoor_port``, ``task``, ``routes``) and returns ``(frontdoors, metrics, problems)``; each front door
+carries its ``edge`` (``edge.edge_policy``: the model's routes it passes with a key, ``/health`` without one, the
+pattern of a canonical request target). A model gets a front door on a
 host when it sets ``frontdoor_port`` and at least one of the host's instances serves its API (a
 headless rank of a multi-node instance serves none: its ``url`` is None). The front door's port must
 not be an instance's HTTP port, lie in an instance's ``VLLM_PORT`` range, be the ``master_port`` of
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 # HAProxy's runtime API is read on the host too (the frontdoor_server module): one parser, in module_utils
 from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import server_states  # noqa: F401  pylint: disable=unused-import
+from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy
 
 __all__ = ["plan_frontdoors", "plan_node_exporter", "connect_host", "server_states", "taken_ports",
            "router_frontdoor", "metrics_listener"]
@@ -73,14 +76,15 @@ def taken_ports(instances, stride, frontdoors=(), metrics=None, node_exporter=No
     return taken
 
 
-def router_frontdoor(router, bind_address):
+def router_frontdoor(router, bind_address, model):
     """The front door of a router (``router.py``): clients reach the router on loopback through the host's HAProxy,
-    which passes ``/v1/*`` and ``/health`` only (the router's worker admin routes answer without a key)."""
+    which passes the model's routes (``edge.edge_policy``, with a key) and ``/health`` only (the router's worker
+    admin routes answer without a key). ``model``: the normalised model."""
     return {
         "name": router["frontdoor"],
         "model": router["model"],
         "router": True,
-        "paths": {"prefix": ["/v1/"], "exact": ["/health"]},
+        "edge": edge_policy(model),
         "served_model_name": router["served_model_name"][0],
         "served_model_names": list(router["served_model_name"]),
         "bind_address": bind_address,
@@ -130,6 +134,7 @@ def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):
             "bind_address": address,
             "port": port,
             "url": _url(connect_host(address), port),
+            "edge": edge_policy(models[key]),
             "backends": [{"instance": i["name"], "unit": i["unit"], "address": connect_host(i["bind_address"]),
                           "port": i["port"], "url": i["url"]} for i in insts],
         })

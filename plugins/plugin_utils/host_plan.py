@@ -558,7 +558,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter))
     problems += router_problems
     if routers:
-        frontdoors = frontdoors + [router_frontdoor(r, bind) for r in routers]
+        frontdoors = frontdoors + [router_frontdoor(r, bind, norm["models"][r["model"]]) for r in routers]
         if frontdoor_metrics is None:  # the host's HAProxy serves the routers only: its metrics listener too
             frontdoor_metrics, fd_problems = metrics_listener(
                 frontdoors, taken_ports(out, opts["vllm_port_stride"]), bind,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import TASKS, route_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import key_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (
     FLAG_ROWS,
@@ -226,6 +227,11 @@ def _model(key, raw, host, models_dir, problems):
     if rec["router_port"] is not None and rec["router_port"] == rec["frontdoor_port"]:
         problems.append(f"{where}.router_port and frontdoor_port are both {rec['router_port']}; give the router "
                         "its own port (both listen on the router hosts' front door)")
+    if rec["task"] is not None and rec["task"] not in TASKS:
+        problems.append(f"{where}.task is {rec['task']!r}; use one of {', '.join(TASKS)} (it picks the routes the "
+                        "front doors pass)")
+        rec["task"] = None
+    problems.extend(route_problems(rec["routes"], f"{where}.routes"))
     if rec["verify"] is not None and rec["verify"] not in VERIFY_MODES:
         problems.append(f"{where}.verify is {rec['verify']!r}; use one of {', '.join(VERIFY_MODES)}")
     _settings(rec, where, problems)

