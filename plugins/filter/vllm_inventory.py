@@ -11,6 +11,7 @@ The plan itself (normalisation, placement with or without GPUs, units) is the ``
 from __future__ import annotations
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import unexpected
+from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import key_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain, scrub
@@ -28,6 +29,22 @@ def _read(variables, names, host):
             problems.append(unexpected(host, exc, name))
             failed.add(name)
     return values, problems, failed
+
+
+#: The front doors' keys (role vllm_frontdoor), checked with the inventory so that a bad key stops the run before any
+#: host changes; the sentences name models and client names, never a key.
+KEY_VARIABLES = ("vllm_frontdoor_api_keys", "vllm_frontdoor_instance_api_key", "vllm_service_api_key",
+                 "vllm_frontdoor_allow_unauthenticated")
+
+
+def _key_problems(variables, models, host):
+    keys, problems, failed = _read(variables, KEY_VARIABLES, host)
+    if failed:
+        return problems
+    instance_key = keys.get("vllm_frontdoor_instance_api_key", keys.get("vllm_service_api_key", ""))
+    allow = keys.get("vllm_frontdoor_allow_unauthenticated", False)
+    return key_problems(keys.get("vllm_frontdoor_api_keys"), "vllm_frontdoor_api_keys", models,
+                        instance_key, allow is True or str(allow).lower() in ("true", "yes", "1"))
 
 
 def vllm_inventory_problems(models, instances, host=None, variables=None, spec=None):
@@ -52,6 +69,7 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
         where = f"host {host}: " if host else ""
         skip = set(PLAN_INPUTS) | {"vllm_models", "vllm_instances"}
         problems += [where + p for p in option_problems(spec, values, skip=skip)] if spec else []
+        problems += [where + p for p in _key_problems(variables if variables is not None else {}, models, host)]
         return [scrub(p) for p in problems]
     except Exception as exc:  # pylint: disable=broad-exception-caught
         return [unexpected(host, exc)]

@@ -30,6 +30,8 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 BASE_VARS = {
     "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA, "num_attention_heads": 32, "num_key_value_heads": 8}},
     "vllm_instances": [{"name": "chat", "model": "m"}],
+    # the instances' key: a model with a front door needs a key (vllm_frontdoor_api_keys or this one)
+    "vllm_service_api_key": "sk-refusals-0123456789abcdef",
 }
 #: Raw errors a refusal must never show.
 BANNED = ("Traceback", "caused by", "Finalization of task args", "_AnsibleTagged", "Supported parameters include",
