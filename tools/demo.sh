@@ -23,7 +23,7 @@ if ! podman container exists "$node"; then
   # inventory's PyTorch CPU index is used
   [ -d /opt/wheels ] && mounts+=(-v /opt/wheels:/opt/wheels:ro)
   podman run -d --name "$node" --hostname "$node" --label inferops.testhost=demo \
-    --systemd=always --cap-add SYS_PTRACE --shm-size=1g "${mounts[@]}" \
+    --systemd=always --cap-add SYS_PTRACE --cap-add NET_ADMIN --shm-size=1g "${mounts[@]}" \
     localhost/inferops-testhost:latest /sbin/init >/dev/null
   echo "started"
 else

