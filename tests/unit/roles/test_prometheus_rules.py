@@ -144,7 +144,15 @@ def serve(behaviour):
                 self.send_response(401)
                 self.end_headers()
                 return
-            data = json.dumps({"choices": [{"text": "x"}]}).encode()
+            if behaviour == "redirect":
+                # elsewhere: the key must not follow
+                self.send_response(302)
+                self.send_header("Location", "http://127.0.0.1:%d/v1/completions" % self.server.server_address[1])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = {"list": b"[]", "html": b"<html>hi</html>", "nonutf8": b"\xff\xfe"}.get(
+                behaviour, json.dumps({"choices": [{"text": "x"}]}).encode())
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -156,7 +164,9 @@ def serve(behaviour):
 
 
 @pytest.mark.parametrize("behaviour,ok,reason", [("ok", True, ""), ("401", False, "HTTP 401"),
-                                                 ("hang", False, "timed out")])
+                                                 ("hang", False, "timed out"), ("redirect", False, "HTTP 302"),
+                                                 ("list", False, "answer without choices"), ("html", False, ""),
+                                                 ("nonutf8", False, "")])
 def test_the_probe_is_a_one_token_completion_with_the_key_and_a_deadline(tmp_path, behaviour, ok, reason):
     server, seen = serve(behaviour)
     env = tmp_path / "alpha.env"
@@ -167,7 +177,7 @@ def test_the_probe_is_a_one_token_completion_with_the_key_and_a_deadline(tmp_pat
     finally:
         server.shutdown()
     assert got is ok and reason in why
-    assert seen[0][0] == "Bearer sk-test"
+    assert len(seen) == 1 and seen[0][0] == "Bearer sk-test"  # one request: no redirect followed
     assert seen[0][1]["max_tokens"] == 1 and seen[0][1]["model"] == "m"
     assert seconds < 2.5
 
