@@ -145,7 +145,15 @@ def key_problems(keys, where, models, instance_key="", allow_unauthenticated=Fal
     return problems
 
 
-def edge_policy(record):
+#: What a cache_aware vllm-router asks every worker before it routes (the prompt's tokens): a worker listener for such
+#: a router passes them too (vLLM serves them with ``--enable-scale-out``, behind its key).
+RENDER_ROUTES = ("POST /v1/completions/render", "POST /v1/chat/completions/render")
+
+
+def edge_policy(record, render=False):
     """What a front door of the normalised model ``record`` passes (the plan's ``frontdoors[].edge``): ``routes``
-    (with a key), ``health`` (the path answered without one, GET and HEAD), ``target`` (``TARGET_RE``)."""
+    (with a key; with ``render``, the render routes a cache_aware router asks its workers for), ``health`` (the path
+    answered without one, GET and HEAD), ``target`` (``TARGET_RE``)."""
+    if render:
+        record = dict(record, routes=list(record.get("routes") or []) + list(RENDER_ROUTES))
     return {"routes": model_routes(record), "health": HEALTH_PATH, "target": TARGET_RE}

@@ -29,7 +29,7 @@ from __future__ import annotations
 from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import server_states  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy
 
-__all__ = ["plan_frontdoors", "plan_node_exporter", "connect_host", "server_states", "taken_ports",
+__all__ = ["plan_frontdoors", "worker_frontdoors", "plan_node_exporter", "connect_host", "server_states", "taken_ports",
            "router_frontdoor", "metrics_listener"]
 
 _WILDCARD = ("0.0.0.0", "", "*")
@@ -93,6 +93,34 @@ def router_frontdoor(router, bind_address, model):
         "backends": [{"instance": "router", "unit": router["unit"], "address": router["listen"]["address"],
                       "port": router["listen"]["port"], "url": router["url"]}],
     }
+
+
+def worker_frontdoors(workers_here, instances, models):
+    """The worker listeners of this host: one per instance that a router on another host reaches through this host's
+    front door (``router_workers`` entries with a ``listener``: the instance listens on loopback, the front door on
+    ``listener.address`` and the same port, with the model's key check and routes, plus the render routes of a
+    cache_aware router). No vLLM port is on the network then."""
+    by_name = {i["name"]: i for i in instances}
+    out, seen = [], set()
+    for worker in workers_here:
+        listener, inst = worker.get("listener"), by_name.get(worker.get("instance"))
+        if not listener or inst is None or inst["name"] in seen or worker.get("model") not in models:
+            continue
+        seen.add(inst["name"])
+        out.append({
+            "name": f"_worker_{inst['name']}",
+            "model": worker["model"],
+            "worker": True,
+            "served_model_name": inst["served_model_name"],
+            "served_model_names": list(inst["served_model_names"]),
+            "bind_address": listener["address"],
+            "port": listener["port"],
+            "url": _url(listener["address"], listener["port"]),
+            "edge": edge_policy(models[worker["model"]], render=worker.get("policy") == "cache_aware"),
+            "backends": [{"instance": inst["name"], "unit": inst["unit"], "address": connect_host(inst["bind_address"]),
+                          "port": inst["port"], "url": inst["url"]}],
+        })
+    return out
 
 
 def plan_frontdoors(instances, models, bind_address, stride, metrics_port=0):

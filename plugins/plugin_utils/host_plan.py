@@ -27,7 +27,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASES,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
-    metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports)
+    metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports, worker_frontdoors)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
     ROUTER_POLICIES, SCALE_OUT_FLAG, plan_routers, router_workers)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
@@ -557,9 +557,11 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
          "router_metrics_base": opts["router_metrics_base"], "metrics_bind_address": bind},
         taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter))
     problems += router_problems
-    if routers:
-        frontdoors = frontdoors + [router_frontdoor(r, bind, norm["models"][r["model"]]) for r in routers]
-        if frontdoor_metrics is None:  # the host's HAProxy serves the routers only: its metrics listener too
+    workers_fd = worker_frontdoors(workers_here, out, norm["models"])
+    if routers or workers_fd:
+        frontdoors = (frontdoors + [router_frontdoor(r, bind, norm["models"][r["model"]]) for r in routers]
+                      + workers_fd)
+        if frontdoor_metrics is None:  # the host's HAProxy serves routers or workers only: its metrics listener too
             frontdoor_metrics, fd_problems = metrics_listener(
                 frontdoors, taken_ports(out, opts["vllm_port_stride"]), bind,
                 _port_input(opts["frontdoor_metrics_port"]))

@@ -79,26 +79,42 @@ def _is_router_host(entry):
     return ROUTER_GROUP in (entry.get("groups") or [])
 
 
-def _worker_address(name, entry, router_host):
-    """(address, problem) where ``router_host`` reaches the instances of fleet host ``name``."""
-    bind = str(entry.get("bind_host") or "127.0.0.1")
-    if name == router_host:
-        return connect_host(bind), None
-    if bind in _LOOPBACK:
-        return None, (f"host {name}: its instances listen on {bind} (vllm_service_host), so the router on "
-                      f"{router_host} cannot reach them; set vllm_service_host on {name} to an address the router "
-                      "host reaches (or 0.0.0.0 with vllm_router_worker_address)")
+def _listener_address(entry):
+    """The address other hosts reach ``entry``'s host at: ``vllm_router_worker_address``, else the IPv4 address of
+    ``vllm_service_network_interface``; None when neither is known."""
     if entry.get("router_address"):
-        return str(entry["router_address"]), None
-    if bind not in _WILDCARD:
-        return bind, None
+        return str(entry["router_address"])
     iface = entry.get("interface") or ""
     for item in (interface_ips(entry, iface) or []) if iface else []:
         if item.version == 4:
-            return str(item.ip), None
+            return str(item.ip)
+    return None
+
+
+def _worker_address(name, entry, router_host):
+    """(address, problem, listener) where ``router_host`` reaches the instances of fleet host ``name``; ``listener``:
+    the instances listen on loopback, and the host's front door listens for the router on ``address`` (a worker
+    listener: the same key check and routes as a front door), so no vLLM port is on the network."""
+    bind = str(entry.get("bind_host") or "127.0.0.1")
+    if name == router_host:
+        return connect_host(bind), None, False
+    if bind in _LOOPBACK:
+        address = _listener_address(entry)
+        if address is None:
+            return None, (f"host {name}: its instances listen on {bind} (vllm_service_host), so the router on "
+                          f"{router_host} reaches them through {name}'s front door, which needs the address to listen "
+                          f"on: set vllm_router_worker_address (or vllm_service_network_interface) on {name}"), False
+        return address, None, True
+    if entry.get("router_address"):
+        return str(entry["router_address"]), None, False
+    if bind not in _WILDCARD:
+        return bind, None, False
+    address = _listener_address(entry)
+    if address is not None:
+        return address, None, False
     return None, (f"host {name}: the router on {router_host} cannot tell where to reach its instances (they listen "
                   f"on {bind or 'every address'}); set vllm_router_worker_address on {name} to the address the "
-                  "router host reaches it at (or vllm_service_network_interface, whose address is then used)")
+                  "router host reaches it at (or vllm_service_network_interface, whose address is then used)"), False
 
 
 def _workers(fleet, model, router_host):
@@ -112,11 +128,12 @@ def _workers(fleet, model, router_host):
                 if i.get("model") == model and i.get("nodes") in (None, "") and p is not None]
         if not mine:
             continue
-        address, problem = _worker_address(name, entry, router_host)
+        address, problem, listener = _worker_address(name, entry, router_host)
         if problem:
             problems.append(problem)
             continue
-        workers += [{"host": name, "instance": str(i.get("name")), "url": _url(address, p)} for i, p in mine]
+        workers += [dict({"host": name, "instance": str(i.get("name")), "url": _url(address, p)},
+                         **({"listener": {"address": address, "port": p}} if listener else {})) for i, p in mine]
     return workers, problems
 
 
@@ -178,10 +195,11 @@ def router_workers(host, fleet):
             listen = _listen_port(entry, key)
             if host not in hosts or listen is None:
                 continue
-            workers_of_host += [{"instance": w["instance"], "model": key, "router_host": router_host,
-                                 "router": router_unit(key), "router_url": _url("127.0.0.1", listen),
-                                 "worker_url": w["url"], "wave": hosts.index(host),
-                                 "policy": entry.get("router_policy") or "cache_aware"}
+            workers_of_host += [dict({"instance": w["instance"], "model": key, "router_host": router_host,
+                                      "router": router_unit(key), "router_url": _url("127.0.0.1", listen),
+                                      "worker_url": w["url"], "wave": hosts.index(host),
+                                      "policy": entry.get("router_policy") or "cache_aware"},
+                                     **({"listener": w["listener"]} if "listener" in w else {}))
                                 for w in workers if w["host"] == host]
     return workers_of_host
 

@@ -126,7 +126,9 @@ def _live_resources(unit, recorded_instance):
 
 def _frontdoor_of(plan, name):
     for door in (plan or {}).get("frontdoors") or []:
-        if door.get("router"):  # a router's front door: its one backend is the router, not an instance
+        if door.get("router") or door.get("worker"):
+            # a router's front door (its one backend is the router) or a worker listener (the router's own drain,
+            # the routers step, takes the instance out of the router that uses it)
             continue
         for backend in door.get("backends") or []:
             if backend.get("instance") == name:

@@ -8,9 +8,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # python-is-python3: the GPU simulator (tests/gpusim) starts with "#!/usr/bin/env python"
-# haproxy: the front door (roles/vllm_frontdoor); prometheus-node-exporter: node_exporter (roles/vllm_service,
+# haproxy and nftables: the front door and its loopback guard (roles/vllm_frontdoor); prometheus-node-exporter: node_exporter (roles/vllm_service,
 # plan input vllm_service_node_exporter_port); installed here so the containers need no package mirror
-packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl,haproxy,prometheus-node-exporter
+packages=systemd,systemd-sysv,dbus,iproute2,procps,python3,python3-venv,python3-apt,python-is-python3,numactl,ca-certificates,sudo,libnuma1,curl,haproxy,nftables,prometheus-node-exporter
 tag=$( (cat "$0"; echo "$packages") | sha256sum | cut -c1-12)
 image=localhost/inferops-testhost:$tag
 cache=$root/.cache/images

@@ -85,8 +85,9 @@ def test_worker_ports_follow_the_hosts_own_port_rule_and_address_overrides():
 
 
 @pytest.mark.parametrize("over, expect", [
-    ({"mn-1": {"vllm_service_host": "127.0.0.1"}},
-     "host mn-1: its instances listen on 127.0.0.1 (vllm_service_host), so the router on mn-0 cannot reach them"),
+    ({"mn-1": {"vllm_service_host": "127.0.0.1", "vllm_service_network_interface": "", "ansible_facts": {}}},
+     "host mn-1: its instances listen on 127.0.0.1 (vllm_service_host), so the router on mn-0 reaches them through "
+     "mn-1's front door, which needs the address to listen on: set vllm_router_worker_address"),
     ({"mn-1": {"vllm_service_network_interface": "", "ansible_facts": {}}},
      "set vllm_router_worker_address on mn-1"),
     ({"mn-0": {"vllm_instances": []}, "mn-1": {"vllm_instances": []}}, "its router would have no worker"),
@@ -174,3 +175,31 @@ def test_a_running_worker_is_taken_out_and_put_back_a_new_one_only_joins():
     empty = plan("mn-1", hostvars(**{"mn-1": {"vllm_instances": []}}))
     (step,) = plan_transition(_live(p1), [], [], recorded=p1, plan=empty)["steps"]
     assert step["action"] == "stop" and step["routers"] == p1["router_workers"] and step["routers_back"] == []
+
+
+def test_instances_on_loopback_are_reached_through_a_worker_listener_of_their_hosts_front_door():
+    """Issue 37: no vLLM port on the network. mn-1's solo listens on loopback; the router on mn-0 reaches it at
+    mn-1's interface address and the same port, where mn-1's front door listens for it (a worker listener: the key
+    check, the model's routes and the render routes of a cache_aware router), its one backend the instance."""
+    hv = hostvars(**{h: {"vllm_service_host": "127.0.0.1"} for h in ("mn-0", "mn-1")})
+    p0, p1 = plan("mn-0", hv), plan("mn-1", hv)
+    (router,) = p0["routers"]
+    assert [w["url"] for w in router["workers"]] == ["http://127.0.0.1:8000", "http://10.88.0.6:8000"]
+    (solo,) = p1["instances"]
+    assert solo["bind_address"] == "127.0.0.1"
+    (fd,) = p1["frontdoors"]
+    assert fd["name"] == "_worker_solo" and fd["worker"] is True and fd["bind_address"] == "10.88.0.6"
+    assert fd["port"] == 8000 and fd["url"] == "http://10.88.0.6:8000"
+    assert fd["backends"] == [{"instance": "solo", "unit": "vllm-solo.service", "address": "127.0.0.1", "port": 8000,
+                               "url": "http://127.0.0.1:8000"}]
+    assert [f"{r['method']} {r['path']}" for r in fd["edge"]["routes"]] == [
+        "POST /v1/chat/completions", "POST /v1/chat/completions/render", "POST /v1/completions",
+        "POST /v1/completions/render", "GET /v1/models"]
+    assert p1["frontdoor_metrics"] is not None and p1["frontdoor_metrics"]["bind_address"] == "127.0.0.1"
+    assert p1["router_workers"][0]["listener"] == {"address": "10.88.0.6", "port": 8000}
+    # the router's own host needs none (its router reaches its instances on loopback)
+    assert [f["name"] for f in p0["frontdoors"]] == ["_router_tiny"]
+    # round_robin asks for no render route
+    hv = hostvars(**{h: {"vllm_service_host": "127.0.0.1", "vllm_router_policy": "round_robin"} for h in ("mn-0", "mn-1")})
+    (fd,) = plan("mn-1", hv)["frontdoors"]
+    assert "/v1/completions/render" not in [r["path"] for r in fd["edge"]["routes"]]

@@ -398,6 +398,28 @@ def as_user(host, user, url, method="GET"):
                              f"| base64 -d)\" {url} {method}").strip()
 
 
+def test_mn1s_worker_is_on_loopback_behind_its_front_doors_worker_listener(hosts, plans, router):
+    """Issue 37: no vLLM port on the network. mn-1's solo listens on 127.0.0.1 only; the router on mn-0 reaches it at
+    mn-1's eth0 address and solo's port, where mn-1's front door listens (the key check, the model's routes and the
+    render routes cache_aware asks for). Probed from mn-0 with raw request lines, like a client front door."""
+    solo1 = next(i for i in plans[RANK1]["instances"] if i["name"] == "solo")
+    assert solo1["bind_address"] == "127.0.0.1"
+    pid = hosts[RANK1].check_output("systemctl show --property=MainPID --value vllm-solo.service")
+    listening = hosts[RANK1].check_output(f"ss -Hltnp | grep 'pid={pid},' || true")
+    assert f"127.0.0.1:{solo1['port']}" in listening and f"0.0.0.0:{solo1['port']}" not in listening, listening
+    (fd,) = [f for f in plans[RANK1]["frontdoors"] if f.get("worker")]
+    assert fd["name"] == "_worker_solo" and fd["url"] == f"http://{eth0(hosts[RANK1])}:{solo1['port']}"
+    assert fd["url"] in [w["url"] for w in router["workers"]]
+    routes = [f"{r['method']} {r['path']}" for r in fd["edge"]["routes"]]
+    assert "POST /v1/completions/render" in routes
+    rc, summary, violations, results = molecule_edge.probe(hosts[RANK0], eth0(hosts[RANK1]), solo1["port"], KEY,
+                                                           "tiny-llama", routes)
+    print(summary)
+    assert rc == 0 and not violations, (summary, violations[:10])
+    (inv,) = [r for r in results if r["label"] == "route POST /invocations" and not r["keyed"]]
+    assert inv["status"] == 401, inv
+
+
 def test_only_root_and_the_front_door_reach_the_router_and_the_instances_on_loopback(hosts, plans, router):
     """Issue 37: the loopback guard (an nftables owner match from the plan's ports) resets connections of the instances'
     own user and of nobody to the router's admin API and to the instances' ports; root and the front door's user get

@@ -906,9 +906,12 @@ def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes
                      r" changed: ", out)
     assert [("stop " if a == "Stop" else "restart+gate ") + u for a, u in ran] == order, out[-6000:]
 
-    rc, again = converge(**overrides)
-    assert rc == 0 and recap(again)[HOST]["changed"] == 0, again[-4000:]
-    assert "No instance to stop or (re)start." in again
+    # a second run changes nothing: shown after the first and the last transition (each run costs a converge; the
+    # scenario's own idempotence step and the middle cases' next transition read the same recorded plan)
+    if case in (TRANSITIONS[0], TRANSITIONS[-1]):
+        rc, again = converge(**overrides)
+        assert rc == 0 and recap(again)[HOST]["changed"] == 0, again[-4000:]
+        assert "No instance to stop or (re)start." in again
 
     # the new plan's footprint, checked by a watchdog pass (gpu_footprint's code, the plan on the host): the
     # watchdog follows the transition too, and every instance of the new plan answers its probe
@@ -921,7 +924,8 @@ def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes
     active = {i["unit"] for i in on_host["instances"]}
     for unit in units.split():
         assert (show(host, unit, "ActiveState") == "active") == (unit in active), unit
-    print(f"transition {name}: {len(order)} step(s) in {took:.0f} s, second run changed=0")
+    print(f"transition {name}: {len(order)} step(s) in {took:.0f} s"
+          + (", second run changed=0" if case in (TRANSITIONS[0], TRANSITIONS[-1]) else ""))
 
 
 # --------------------------------------------------------------------------- lifecycle
