@@ -150,10 +150,17 @@ def key_problems(keys, where, models, instance_key="", allow_unauthenticated=Fal
 RENDER_ROUTES = ("POST /v1/completions/render", "POST /v1/chat/completions/render")
 
 
-def edge_policy(record, render=False):
+#: A router's front door also answers vllm-router's liveness without a key: the other router hosts' front doors check
+#: it there (this router is their backup).
+LIVENESS_PATH = "/liveness"
+
+
+def edge_policy(record, render=False, router=False):
     """What a front door of the normalised model ``record`` passes (the plan's ``frontdoors[].edge``): ``routes``
-    (with a key; with ``render``, the render routes a cache_aware router asks its workers for), ``health`` (the path
-    answered without one, GET and HEAD), ``target`` (``TARGET_RE``)."""
+    (with a key; with ``render``, the render routes a cache_aware router asks its workers for), ``health`` (the paths
+    answered without one, GET and HEAD: ``/health``, and for a ``router``'s front door ``/liveness`` too),
+    ``target`` (``TARGET_RE``)."""
     if render:
         record = dict(record, routes=list(record.get("routes") or []) + list(RENDER_ROUTES))
-    return {"routes": model_routes(record), "health": HEALTH_PATH, "target": TARGET_RE}
+    return {"routes": model_routes(record), "health": [HEALTH_PATH] + ([LIVENESS_PATH] if router else []),
+            "target": TARGET_RE}

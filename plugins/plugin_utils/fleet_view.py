@@ -8,8 +8,8 @@ that view once, from ``hostvars``, for the preflight role's plan step (filter
 reached):
 
     inventory host -> {in_play, groups, group_positions, addresses, interface, gpu_count, models_dir,
-                       fast_interconnect, instances, models, bind_host, router_address, router_listen_base,
-                       router_policy, base_port}
+                       fast_interconnect, instances, models, bind_host, frontdoor_bind, router_address,
+                       router_listen_base, router_policy, base_port}
 
 ``addresses`` come from the network facts (``ansible.builtin.setup`` with ``gather_subset: network``,
 which the preflight facts step reads only on hosts with a multi-node instance): interface ->
@@ -108,6 +108,7 @@ def fleet_view(hostvars, hosts, play_hosts, defaults, groups=None) -> dict:
             "models": _get(hv, "vllm_models", {}) or {},
             # what a router on another host needs to reach this host's instances (router.py)
             "bind_host": var("vllm_service_host"),
+            "frontdoor_bind": var("vllm_frontdoor_bind_address") or "",
             "router_address": var("vllm_router_worker_address") or "",
             "router_listen_base": var("vllm_router_listen_port_base"),
             "router_policy": var("vllm_router_policy"),

@@ -79,19 +79,23 @@ def taken_ports(instances, stride, frontdoors=(), metrics=None, node_exporter=No
 def router_frontdoor(router, bind_address, model):
     """The front door of a router (``router.py``): clients reach the router on loopback through the host's HAProxy,
     which passes the model's routes (``edge.edge_policy``, with a key) and ``/health`` only (the router's worker
-    admin routes answer without a key). ``model``: the normalised model."""
+    admin routes answer without a key). ``model``: the normalised model. Its backends: this host's router, then the
+    other router hosts' front doors of the model as backups (``router["backups"]``: used while this host's router
+    is down or drained)."""
     return {
         "name": router["frontdoor"],
         "model": router["model"],
         "router": True,
-        "edge": edge_policy(model),
+        "edge": edge_policy(model, router=True),
         "served_model_name": router["served_model_name"][0],
         "served_model_names": list(router["served_model_name"]),
         "bind_address": bind_address,
         "port": router["port"],
         "url": _url(connect_host(bind_address), router["port"]),
         "backends": [{"instance": "router", "unit": router["unit"], "address": router["listen"]["address"],
-                      "port": router["listen"]["port"], "url": router["url"]}],
+                      "port": router["listen"]["port"], "url": router["url"]}]
+        + [{"instance": b["name"], "unit": "", "address": b["address"], "port": b["port"], "url": b["url"],
+            "backup": True} for b in router.get("backups") or []],
     }
 
 

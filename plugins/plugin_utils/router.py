@@ -137,6 +137,33 @@ def _workers(fleet, model, router_host):
     return workers, problems
 
 
+def _backups(fleet, model, router_host):
+    """The other router hosts of ``model`` as backups of ``router_host``'s front door: [{host, name, address, port,
+    url}] (their front door on ``router_port``, where ``router_host`` reaches them), and the problems."""
+    backups, problems = [], []
+    for name, entry in fleet.items():
+        if name == router_host or not _is_router_host(entry) or model not in _router_models(entry):
+            continue
+        port = as_int(((entry.get("models") or {}).get(model) or {}).get("router_port"))
+        bind = str(entry.get("frontdoor_bind") or entry.get("bind_host") or "127.0.0.1")
+        if bind in _LOOPBACK:
+            problems.append(f"host {name}: it runs a router of '{model}' too, but its front door listens on {bind} "
+                            f"(vllm_frontdoor_bind_address, else vllm_service_host), so {router_host}'s front door "
+                            f"cannot fall back to it (nor can clients reach it); set vllm_frontdoor_bind_address on "
+                            f"{name} (0.0.0.0, or an address)")
+            continue
+        address = bind if bind not in _WILDCARD else _listener_address(entry)
+        if address is None or port is None:
+            problems.append(f"host {name}: it runs a router of '{model}' too, but {router_host} cannot tell where to "
+                            f"reach its front door; set vllm_router_worker_address on {name} (or "
+                            "vllm_service_network_interface)")
+            continue
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        backups.append({"host": name, "name": f"router_{safe}", "address": address, "port": port,
+                        "url": _url(address, port)})
+    return backups, problems
+
+
 def plan_routers(host, fleet, models, opts, taken):
     """``(routers, problems)`` of ``host`` (empty unless it is in ``vllm_routers``); see the module docstring.
 
@@ -159,6 +186,8 @@ def plan_routers(host, fleet, models, opts, taken):
                              for low, high, used in taken if low <= port <= high]
             workers, worker_problems = _workers(fleet, key, host)
             problems += worker_problems
+            backups, backup_problems = _backups(fleet, key, host)
+            problems += backup_problems
             if not workers and not worker_problems:
                 problems.append(f"vllm_models.{key}.router_port: no host of the inventory has a single-host instance "
                                 f"of model '{key}', so its router would have no worker; add instances or leave "
@@ -177,6 +206,8 @@ def plan_routers(host, fleet, models, opts, taken):
                             "url": _url(connect_host(bind), metrics) + "/metrics"},
                 "policy": opts["router_policy"],
                 "workers": workers,
+                # the other router hosts of the model, the backups of this host's front door for it
+                "backups": backups,
             })
     return routers, problems
 

@@ -63,14 +63,14 @@ RAW_TARGETS = [b"/v1/completions\x01", b"/v1/compl\tetions", b"/v1/\x7fcompletio
                b"/v1/models /invocations"]
 
 
-def forms(routes):
-    """[(label, method, target bytes, version, extra headers, kind)]; kind: "health" (answers without a key),
-    "route" (a listed route: answers with the key), "other" (never 2xx)."""
+def forms(routes, health=("/health",)):
+    """[(label, method, target bytes, version, extra headers, kind)]; kind: "health" (answers without a key: GET of
+    the ``health`` paths), "route" (a listed route: answers with the key), "other" (never 2xx)."""
     listed = {tuple(r.split(" ", 1)) for r in routes}
     out = []
     for text in SERVER_ROUTES:
         method, target = text.split(" ", 1)
-        kind = "route" if (method, target) in listed else "other"
+        kind = "route" if (method, target) in listed else "health" if (method == "GET" and target in health) else "other"
         out.append((f"route {text}", method, target.encode(), "HTTP/1.1", {}, kind))
     for method, target in sorted(listed - {tuple(t.split(" ", 1)) for t in SERVER_ROUTES}):
         out.append((f"route {method} {target}", method, target.encode(), "HTTP/1.1", {}, "route"))
@@ -141,12 +141,13 @@ def send(host, port, method, target, version, headers, body, timeout):
     return status, data[:300].decode("latin-1"), time.monotonic() - start
 
 
-def probe(host, port, key, model, routes, timeout=60.0):
-    """Every form without and with the key: [{label, kind, keyed, status, answer, seconds}]."""
+def probe(host, port, key, model, routes, timeout=60.0, health=("/health",)):
+    """Every form without and with the key: [{label, kind, keyed, status, answer, seconds}]. ``health``: the paths
+    the front door answers without a key (a router's front door: /health and /liveness)."""
     body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "hi"}], "input": "hi", "temperature": 0}).encode()
     results = []
-    for label, method, target, version, extra, kind in forms(routes):
+    for label, method, target, version, extra, kind in forms(routes, health):
         for keyed in (False, True):
             headers = list(extra.items()) + ([("Authorization", f"Bearer {key}")] if keyed else [])
             payload = body if method in ("POST", "PUT", "PATCH") else None
@@ -194,12 +195,13 @@ def main(argv=None):
     parser.add_argument("--key-file", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--routes", nargs="+", required=True, help="the listed routes, each 'METHOD /path'")
+    parser.add_argument("--health", nargs="+", default=["/health"], help="paths answered without a key")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--json", action="store_true", help="print every result as JSON lines")
     args = parser.parse_args(argv)
     with open(args.key_file, encoding="ascii") as fh:
         key = fh.read().strip()
-    results = probe(args.host, args.port, key, args.model, args.routes, args.timeout)
+    results = probe(args.host, args.port, key, args.model, args.routes, args.timeout, tuple(args.health))
     bad = violations(results)
     if args.json:
         for r in results:

@@ -14,14 +14,15 @@ import os
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "edge", "edge_probe.py")
 
 
-def probe(client, address, port, key, model, routes, timeout=120):
+def probe(client, address, port, key, model, routes, timeout=120, health=("/health",)):
+    health = [health] if isinstance(health, str) else list(health)
     with open(PROBE, "rb") as fh:
         script = base64.b64encode(fh.read()).decode()
     client.check_output(f"echo {script} | base64 -d > /var/tmp/edge_probe.py")
     client.check_output(f"umask 077; echo {base64.b64encode(key.encode()).decode()} | base64 -d > /run/edge-probe.key")
     quoted = " ".join(f"'{r}'" for r in routes)
     out = client.run(f"python3 /var/tmp/edge_probe.py {address} {port} --key-file /run/edge-probe.key "
-                     f"--model {model} --timeout {timeout} --json --routes {quoted}")
+                     f"--model {model} --timeout {timeout} --json --health {' '.join(health)} --routes {quoted}")
     client.run("rm -f /run/edge-probe.key")
     results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     lines = out.stderr.strip().splitlines()

@@ -25,6 +25,7 @@ import edge_probe  # noqa: E402  pylint: disable=wrong-import-position,import-er
 pytestmark = pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed here (make sysdeps installs it)")
 
 ALICE, BOB = "sk-alice-0123456789abcdef", "sk-bob-fedcba9876543210"
+KEYS = {"*": {"alice": ALICE}, "tiny": {"bob": BOB}}
 
 
 class _Anything:
@@ -86,7 +87,7 @@ def fixture_edge(request, tmp_path):
     """HAProxy with the model's front door (or a router's: its backend checked on /liveness) over the stand-in."""
     server = _Anything()
     port = _free_port()
-    keys = {"*": {"alice": ALICE}, "tiny": {"bob": BOB}}
+    keys = KEYS
     if request.param == "host":
         models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port, routes=["POST /tokenize"])}
         p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0)
@@ -97,7 +98,7 @@ def fixture_edge(request, tmp_path):
         from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy  # pylint: disable=import-outside-toplevel
         fd = {"name": "_router_tiny", "model": "tiny", "router": True, "served_model_name": "tiny-llama",
               "served_model_names": ["tiny-llama"], "bind_address": "127.0.0.1", "port": port,
-              "url": f"http://127.0.0.1:{port}", "edge": edge_policy({"routes": ["POST /tokenize"]}),
+              "url": f"http://127.0.0.1:{port}", "edge": edge_policy({"routes": ["POST /tokenize"]}, router=True),
               "backends": [{"instance": "router", "unit": "r.service", "address": "127.0.0.1", "port": server.port,
                             "url": f"http://127.0.0.1:{server.port}"}]}
         p = dict(p, frontdoors=[fd])
@@ -126,14 +127,16 @@ ROUTES = ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models",
 
 
 def test_without_a_key_only_health_and_with_a_key_only_the_routes_answer(edge):
-    results = edge_probe.probe("127.0.0.1", edge["port"], ALICE, "tiny-llama", ROUTES, timeout=10)
+    """Every form of edge_probe.py without and with a key, through a model's and a router's front door."""
+    health = ("/health", "/liveness") if edge["kind"] == "router" else ("/health",)
+    results = edge_probe.probe("127.0.0.1", edge["port"], ALICE, "tiny-llama", ROUTES, timeout=10, health=health)
     bad = edge_probe.violations(results)
     assert not bad, json.dumps(bad[:10], indent=1)
     forms = {r["label"] for r in results}
     assert len(forms) >= 60, len(forms)
     # what the server behind saw: only the listed routes and /health, never a client's key
     paths = {(m, p.split("?")[0]) for m, p, _a in edge["server"].seen}
-    allowed = {tuple(r.split(" ", 1)) for r in ROUTES} | {("GET", "/health"), ("HEAD", "/health")}
+    allowed = {tuple(r.split(" ", 1)) for r in ROUTES} | {(m, p) for m in ("GET", "HEAD") for p in health}
     # HAProxy's own health checks
     assert paths <= allowed | {("GET", "/liveness" if edge["kind"] == "router" else "/health")}, paths - allowed
     auths = {a for _m, _p, a in edge["server"].seen}
@@ -167,3 +170,58 @@ def test_no_key_in_the_configuration_and_a_revoked_key_is_refused_after_a_reload
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _router_door(name, port, router_port, backup=None):
+    """A router's front door as the plan has it (router.py, frontdoor.router_frontdoor): its router on loopback, the
+    other router host's front door as a backup server."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy  # pylint: disable=import-outside-toplevel
+    backends = [{"instance": "router", "unit": "r.service", "address": "127.0.0.1", "port": router_port,
+                 "url": f"http://127.0.0.1:{router_port}"}]
+    if backup:
+        backends.append({"instance": "router_other", "unit": "", "address": "127.0.0.1", "port": backup,
+                         "url": f"http://127.0.0.1:{backup}", "backup": True})
+    return {"name": "_router_tiny", "model": "tiny", "router": True, "served_model_name": "tiny-llama",
+            "served_model_names": ["tiny-llama"], "bind_address": "127.0.0.1", "port": port,
+            "url": f"http://127.0.0.1:{port}", "edge": edge_policy({}, router=True), "backends": backends}
+
+
+def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without_a_failed_request(tmp_path):
+    """Issue 38: two router hosts, each front door with its own router first and the other host's front door as a
+    backup. The router behind door A dies under a client sending a completion every 50 ms through A: its first
+    refused connection marks it DOWN (observe layer4) and the request is redispatched to the backup, door B, which
+    checks the key (the instances' key A sends) and hands it to router B. No request fails; B's router saw them."""
+    router_a, router_b = _Anything(), _Anything()
+    door_a, door_b = _free_port(), _free_port()
+    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+    procs = []
+    try:
+        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
+            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
+            cfg = tmp_path / f"{name}.cfg"
+            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
+                                  vllm_frontdoor_api_keys=KEYS,
+                                  vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
+                                  vllm_frontdoor_check_interval="200ms"))
+            procs.append(_start(cfg))
+        _wait_up(door_b, INSTANCE_KEY)
+        _wait_up(door_a, INSTANCE_KEY)
+        # B's /liveness answers A's checks without a key; anything else there still needs one
+        assert edge_probe.send("127.0.0.1", door_b, "GET", b"/liveness", "HTTP/1.1", [], None, 5)[0] == 200
+        assert edge_probe.send("127.0.0.1", door_b, "GET", b"/readiness", "HTTP/1.1", [], None, 5)[0] == 401
+        statuses, seen_b = [], len(router_b.seen)
+        for n in range(60):
+            if n == 20:
+                router_a.close()  # the router process dies: connections to its port are refused
+            statuses.append(edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
+                                            [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0])
+            time.sleep(0.05)
+        assert statuses == [200] * 60, statuses
+        to_b = [s for s in router_b.seen[seen_b:] if s[1] == "/v1/completions"]
+        assert len(to_b) >= 40 and {a for _m, _p, a in to_b} == {f"Bearer {INSTANCE_KEY}"}
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        router_b.close()

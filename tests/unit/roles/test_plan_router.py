@@ -203,3 +203,27 @@ def test_instances_on_loopback_are_reached_through_a_worker_listener_of_their_ho
     hv = hostvars(**{h: {"vllm_service_host": "127.0.0.1", "vllm_router_policy": "round_robin"} for h in ("mn-0", "mn-1")})
     (fd,) = plan("mn-1", hv)["frontdoors"]
     assert "/v1/completions/render" not in [r["path"] for r in fd["edge"]["routes"]]
+
+
+def test_two_router_hosts_back_each_other_up_through_their_front_doors():
+    """Issue 38: with two hosts in vllm_routers, each front door of the model's router lists its own router, then the
+    other host's front door on router_port as a backup server (checked on /liveness, which a router's front door
+    answers without a key)."""
+    hv = hostvars(**{h: {"group_names": ["vllm_nodes", "vllm_routers"], "vllm_frontdoor_bind_address": "0.0.0.0"}
+                     for h in ("mn-0", "mn-1")})
+    p0, p1 = plan("mn-0", hv), plan("mn-1", hv)
+    for p, other, address in ((p0, "mn-1", "10.88.0.6"), (p1, "mn-0", "10.88.0.5")):
+        (router,) = p["routers"]
+        assert router["backups"] == [{"host": other, "name": f"router_{other}", "address": address, "port": 8300,
+                                      "url": f"http://{address}:8300"}]
+        (fd,) = [f for f in p["frontdoors"] if f.get("router")]
+        assert [(b["instance"], b["port"], b.get("backup", False)) for b in fd["backends"]] == [
+            ("router", 18100, False), (f"router_{other}", 8300, True)]
+        assert fd["edge"]["health"] == ["/health", "/liveness"]
+    # each instance is a worker of both routers, and takes turns the same way in both
+    assert [(w["router_host"], w["wave"]) for w in p1["router_workers"]] == [("mn-0", 1), ("mn-1", 1)]
+    # a second router host whose front door listens on loopback cannot be a backup (nor reached by clients)
+    hv["mn-1"]["vllm_frontdoor_bind_address"] = "127.0.0.1"
+    with pytest.raises(PlanContractError) as err:
+        plan("mn-0", hv)
+    assert "host mn-1: it runs a router of 'tiny' too, but its front door listens on 127.0.0.1" in str(err.value)

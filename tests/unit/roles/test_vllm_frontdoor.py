@@ -127,7 +127,7 @@ def test_two_instances_of_one_model_are_the_backends_of_one_front_door():
         "bind_address": "127.0.0.1", "port": 9000, "url": "http://127.0.0.1:9000",
         "edge": {"routes": [{"method": "POST", "path": "/v1/chat/completions"},
                             {"method": "POST", "path": "/v1/completions"}, {"method": "GET", "path": "/v1/models"}],
-                 "health": "/health", "target": TARGET_RE},
+                 "health": ["/health"], "target": TARGET_RE},
         "backends": [
             {"instance": "alpha", "unit": "vllm-alpha.service", "address": "127.0.0.1", "port": 8000,
              "url": "http://127.0.0.1:8000"},

@@ -367,7 +367,7 @@ def test_clients_reach_only_the_openai_routes_of_the_router(hosts, plans, router
     routes = [f"{r['method']} {r['path']}" for r in fd["edge"]["routes"]]
     assert routes == ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models"]
     rc, summary, violations, results = molecule_edge.probe(hosts[RANK1], eth0(hosts[RANK0]), ROUTER_PORT, KEY,
-                                                           "tiny-llama", routes)
+                                                           "tiny-llama", routes, health=fd["edge"]["health"])
     print(summary)
     assert rc == 0 and not violations, (summary, violations[:10])
     assert len({r["label"] for r in results}) >= 60
