@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Apache License 2.0 (see LICENSE)
 """Probe a front door as an attacker would: raw request lines on raw sockets (no client that normalises a path).
 
