@@ -8,7 +8,7 @@ Deny by default (docs/operate.md, "Security model"). A front door (the host's, p
   of its ``task`` (``TASK_ROUTES``: chat, completions and models for a generative model, embeddings for an
   embedding model, ...) plus the model's own ``routes`` (``'POST /tokenize'``, say);
 * nothing else: every other path, and every request target that a server behind it could read as another path
-  (``TARGET_RE`` below), is refused before the key is even looked at.
+  (``REFUSED``, ``NON_CANONICAL``, an asterisk or authority form), is refused before the key is even looked at.
 
 vLLM's ``--api-key`` guards only the paths under ``/v1`` (its authentication middleware): ``/invocations``,
 ``/tokenize``, ``/pooling``, ``/metrics``, ``/version`` and, with some settings, ``/pause``, ``/sleep`` and
@@ -17,14 +17,16 @@ vLLM's ``--api-key`` guards only the paths under ``/v1`` (its authentication mid
 server's state (``ADMIN_PATHS``) cannot be added to it.
 
 ``model_routes(record)`` gives a normalised model's routes as ``[{"method", "path"}]`` (the plan's front doors
-carry them); ``route_problems(value, where)`` checks a model's ``routes``; ``TARGET_RE`` is the one pattern of a
-canonical request target, the front door's configuration and the tests read it from here.
+carry them); ``route_problems(value, where)`` checks a model's ``routes``; ``edge_policy`` is what a front door's
+configuration is rendered from. No regular expression: HAProxy compiles them with PCRE2's JIT, which the front door's
+unit forbids (``MemoryDenyWriteExecute``); what passes is matched exactly against the route list and sent on in origin
+form (``set-uri %[pathq]``), so a server behind sees exactly the path that was matched.
 """
 from __future__ import annotations
 
 import re
 
-__all__ = ["edge_policy", "TASKS", "TASK_ROUTES", "HEALTH_PATH", "ADMIN_PATHS", "TARGET_RE", "model_routes", "route_problems",
+__all__ = ["edge_policy", "TASKS", "TASK_ROUTES", "HEALTH_PATH", "ADMIN_PATHS", "REFUSED", "NON_CANONICAL", "model_routes", "route_problems",
            "parse_route", "KEY_NAME_RE", "key_problems"]
 
 #: The routes of each ``task`` of a model (the model key ``task``), as "METHOD /path".
@@ -55,15 +57,13 @@ ADMIN_PATHS = (
     "/metrics",
 )
 
-#: A canonical request target: origin-form (``/a/b``) or absolute-form with a plain authority
-#: (``http://host:port/a/b``), a path of letters, digits and ``/_.-`` only, an optional query of the same plus ``=&~``.
-#: No ``\\``, ``%`` (so no encoded ``.`` ``/`` ``\\``), ``;``, control bytes, spaces or ``@``. Dot segments and ``//``
-#: are refused on top (``NON_CANONICAL_SUBSTRINGS``), though no listed route could match them either.
-TARGET_RE = r"^(https?://[A-Za-z0-9.-]+(:[0-9]+)?)?/[A-Za-z0-9/_.-]*([?][A-Za-z0-9/_.=&~-]*)?$"
-#: Path pieces that make a path another one on the way to a server: refused anywhere in the path.
-NON_CANONICAL_SUBSTRINGS = ("/./", "/../", "//")
-#: ... and at its end.
-NON_CANONICAL_ENDINGS = ("/.", "/..")
+#: Characters a request target may not hold anywhere (path or query): ``\\`` (a separator to some servers and to
+#: vllm-router's client), ``%`` (so no encoding of ``.``, ``/`` or ``\\`` survives to a server that decodes), ``;``
+#: (path parameters). HAProxy itself refuses control bytes and spaces in the request line.
+REFUSED = ("\\", "%", ";")
+#: Path pieces that make a path another one on the way to a server: refused anywhere in the path (``/./``, ``/../``,
+#: ``//``) or at its end (``/.``, ``/..``), though no listed route could match them either.
+NON_CANONICAL = {"within": ("/./", "/../", "//"), "end": ("/.", "/..")}
 
 _ROUTE_RE = re.compile(r"^(GET|POST) (/[A-Za-z0-9_-]+(?:/[A-Za-z0-9_.-]+)*)$")
 #: A client key's name (it appears in the front door's log instead of the key).
@@ -158,9 +158,10 @@ LIVENESS_PATH = "/liveness"
 def edge_policy(record, render=False, router=False):
     """What a front door of the normalised model ``record`` passes (the plan's ``frontdoors[].edge``): ``routes``
     (with a key; with ``render``, the render routes a cache_aware router asks its workers for), ``health`` (the paths
-    answered without one, GET and HEAD: ``/health``, and for a ``router``'s front door ``/liveness`` too),
-    ``target`` (``TARGET_RE``)."""
+    answered without one, GET and HEAD: ``/health``, and for a ``router``'s front door ``/liveness`` too), what a
+    request target may not hold:
+    ``refuse`` (``REFUSED``) and ``non_canonical`` (``NON_CANONICAL``)."""
     if render:
         record = dict(record, routes=list(record.get("routes") or []) + list(RENDER_ROUTES))
     return {"routes": model_routes(record), "health": [HEALTH_PATH] + ([LIVENESS_PATH] if router else []),
-            "target": TARGET_RE}
+            "refuse": list(REFUSED), "non_canonical": {k: list(v) for k, v in NON_CANONICAL.items()}}
