@@ -3,7 +3,7 @@
 
 Deny by default (docs/operate.md, "Security model"). A front door (the host's, per model, and a router's) passes:
 
-* ``GET``/``HEAD`` ``/health``, without a key;
+* ``GET /health``, without a key (vLLM answers ``HEAD`` with 405);
 * with a valid key (``Authorization: Bearer <key>``, one of the model's named keys), the model's **routes**: those
   of its ``task`` (``TASK_ROUTES``: chat, completions and models for a generative model, embeddings for an
   embedding model, ...) plus the model's own ``routes`` (``'POST /tokenize'``, say);
@@ -37,7 +37,7 @@ TASK_ROUTES = {
     "classify": ("POST /classify", "GET /v1/models"),
 }
 TASKS = tuple(TASK_ROUTES)
-#: Answered without a key (a load balancer's check): GET and HEAD only.
+#: Answered without a key (a load balancer's check): GET only.
 HEALTH_PATH = "/health"
 #: Methods a route may name.
 METHODS = ("GET", "POST")
@@ -158,7 +158,7 @@ LIVENESS_PATH = "/liveness"
 def edge_policy(record, render=False, router=False):
     """What a front door of the normalised model ``record`` passes (the plan's ``frontdoors[].edge``): ``routes``
     (with a key; with ``render``, the render routes a cache_aware router asks its workers for), ``health`` (the paths
-    answered without one, GET and HEAD: ``/health``, and for a ``router``'s front door ``/liveness`` too), what a
+    answered without one, GET only: ``/health``, and for a ``router``'s front door ``/liveness`` too), what a
     request target may not hold:
     ``refuse`` (``REFUSED``) and ``non_canonical`` (``NON_CANONICAL``)."""
     if render:

@@ -79,7 +79,8 @@ def forms(routes, health=("/health",)):
         out.append((f"raw POST {raw!r}", "POST", raw, "HTTP/1.1", {}, "other"))
     out += [
         ("health GET", "GET", b"/health", "HTTP/1.1", {}, "health"),
-        ("health HEAD", "HEAD", b"/health", "HTTP/1.1", {}, "health"),
+        # vLLM answers HEAD /health with 405: the front doors pass GET only
+        ("health HEAD", "HEAD", b"/health", "HTTP/1.1", {}, "other"),
         ("health HTTP/1.0", "GET", b"/health", "HTTP/1.0", {}, "health"),
         ("health absolute-form", "GET", b"http://frontdoor/health", "HTTP/1.1", {}, "health"),
         ("health with X-Original-URL", "GET", b"/health", "HTTP/1.1",
