@@ -189,7 +189,7 @@ def violations(results):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("host")
     parser.add_argument("port", type=int)
     parser.add_argument("--key-file", required=True)

@@ -466,7 +466,7 @@ def test_the_front_door_asks_for_a_key_and_passes_only_the_models_routes(host, h
         assert f.user == "root" and f.group == "haproxy" and f.mode == 0o640
     assert SECRETS[0] not in host.file("/etc/haproxy/inferops-vllm-keys/tiny.clients.map").content_string
     assert SECRETS[0] not in host.file(FRONTDOOR_CONFIG).content_string
-    assert host.run(f"runuser -u nobody -- cat /etc/haproxy/inferops-vllm-keys/instances.map").rc != 0
+    assert host.run("runuser -u nobody -- cat /etc/haproxy/inferops-vllm-keys/instances.map").rc != 0
 
 
 CLIENT = r"""
