@@ -14,7 +14,7 @@ from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import unexpecte
 from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import key_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain, scrub
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_bool, plain, scrub
 
 
 def _read(variables, names, host):
@@ -42,9 +42,8 @@ def _key_problems(variables, models, host):
     if failed:
         return problems
     instance_key = keys.get("vllm_frontdoor_instance_api_key", keys.get("vllm_service_api_key", ""))
-    allow = keys.get("vllm_frontdoor_allow_unauthenticated", False)
-    return key_problems(keys.get("vllm_frontdoor_api_keys"), "vllm_frontdoor_api_keys", models,
-                        instance_key, allow is True or str(allow).lower() in ("true", "yes", "1"))
+    allow = as_bool(keys.get("vllm_frontdoor_allow_unauthenticated", False)) is True
+    return key_problems(keys.get("vllm_frontdoor_api_keys"), "vllm_frontdoor_api_keys", models, instance_key, allow)
 
 
 def vllm_inventory_problems(models, instances, host=None, variables=None, spec=None):

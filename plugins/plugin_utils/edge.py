@@ -39,8 +39,6 @@ TASK_ROUTES = {
 TASKS = tuple(TASK_ROUTES)
 #: Answered without a key (a load balancer's check): GET only.
 HEALTH_PATH = "/health"
-#: Methods a route may name.
-METHODS = ("GET", "POST")
 
 #: Paths that change what a server does or does not serve, or read its internals: never a client route, whatever
 #: the inventory says (vLLM 0.32.0's development and administration routes, vllm-router 0.1.17's worker admin

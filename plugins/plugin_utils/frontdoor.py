@@ -4,8 +4,8 @@
 ``plan_frontdoors(instances, models, bind_address, stride, metrics_port=0)`` reads the plan's instances
 (after placement and unit content: ``port``, ``url``, ``vllm_port``, ``multinode``) and the normalised
 models (``frontdoor_port``, ``task``, ``routes``) and returns ``(frontdoors, metrics, problems)``; each front door
-carries its ``edge`` (``edge.edge_policy``: the model's routes it passes with a key, ``/health`` without one, the
-pattern of a canonical request target). A model gets a front door on a
+carries its ``edge`` (``edge.edge_policy``: the model's routes it passes with a key, ``/health`` without one, what a
+request target may not hold). A model gets a front door on a
 host when it sets ``frontdoor_port`` and at least one of the host's instances serves its API (a
 headless rank of a multi-node instance serves none: its ``url`` is None). The front door's port must
 not be an instance's HTTP port, lie in an instance's ``VLLM_PORT`` range, be the ``master_port`` of
