@@ -356,6 +356,16 @@ def load_manifest(dest, repo_id, sha=None):
     return doc
 
 
+def tree_digest(tree, paths):
+    """sha256 of the listing of ``paths`` (size, git oid, LFS sha256 of each), in a canonical JSON form.
+
+    The fan-out hands the digest the tree's root got (from the Hub, or its own verified manifest) to the
+    hosts that copy from a mirror, so they refuse a listing that differs from it (O(expect_tree_digest)).
+    """
+    doc = [[p, int(tree[p]["size"]), tree[p].get("oid"), tree[p].get("sha256")] for p in sorted(paths)]
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
 def build_manifest(repo_id, sha, tree, records):
     return {"format": MANIFEST_FORMAT, "tool": "inferops.vllm.hf_snapshot", "repo_id": repo_id, "sha": sha,
             "tree": tree, "files": records}
@@ -614,6 +624,10 @@ class Snapshot(object):
         self.repo_id = params["repo_id"]
         self.revision = params["revision"]
         self.verify = params.get("verify") or "size"
+        self.expect_digest = params.get("expect_tree_digest") or None
+        if self.expect_digest:
+            # the listing is vouched for by its digest; the files are only as good as their check against it
+            self.verify = "sha256"
         self.token = params.get("token")
         self.allow = params.get("allow_patterns")
         if self.allow is None:
@@ -993,14 +1007,18 @@ class Snapshot(object):
 
         quiet = _QuietStdout()
         quiet.__enter__()
+        created = not os.path.exists(self.dest)
         try:
             if not self.check_mode:
                 os.makedirs(self.dest, exist_ok=True)
                 self.acquire_lock()
                 self.progress.start()
             return self._run_locked(manifest_any, t_start)
-        except SnapshotError:
+        except SnapshotError as e:
             self.progress.stop("failed")
+            if created and not self.check_mode:
+                self.release_lock()
+                self._remove_if_empty()
             raise
         except Exception as e:  # noqa: BLE001 - a library error becomes a clear message
             self.progress.stop("failed")
@@ -1010,11 +1028,29 @@ class Snapshot(object):
             self.release_lock()
             quiet.__exit__()
 
+    def _remove_if_empty(self):
+        """Remove dest when this run created it and wrote nothing into it but the lock (a refused listing, a
+        mirror that had nothing): no empty snapshot directory is left to look like one. Partial files stay
+        (a later run resumes them)."""
+        lock = os.path.join(self.dest, LOCK_NAME)
+        for root, _dirs, names in os.walk(self.dest):
+            if any(os.path.join(root, n) != lock for n in names):
+                return
+        shutil.rmtree(self.dest, ignore_errors=True)
+
     def _run_locked(self, manifest_any, t_start):
         self.progress.set_phase("listing")
         sha, tree, tree_source = self.resolve_and_list(manifest_any)
         self.progress.sha = sha
         selected = self._select(sha, tree)
+        digest = tree_digest(tree, selected)
+        if self.expect_digest and digest != self.expect_digest:
+            raise SnapshotError(
+                "the listing of %s@%s from %s is not the one its source verified (its digest is %s, the source's %s): "
+                "refused, nothing was written. Something other than the fan-out mirror answers on that address, or "
+                "the source's snapshot changed since the run began; check the port on the source and re-run"
+                % (self.repo_id, sha, self.p.get("endpoint") or "the local manifest", digest[:16],
+                   self.expect_digest[:16]), sha=sha, tree_digest=digest, refused="listing")
         manifest = load_manifest(self.dest, self.repo_id, sha)
         total_bytes = sum(tree[p]["size"] for p in selected)
 
@@ -1036,6 +1072,7 @@ class Snapshot(object):
 
         result = {"sha": sha, "revision": self.revision, "resolved": sha != self.revision, "dest": self.dest,
                   "files": len(selected), "total_bytes": total_bytes, "disk": disk, "tree_source": tree_source,
+                  "tree_digest": digest,
                   "stale_removed": {"files": stale_count, "bytes": stale_bytes}}
 
         if self.check_mode:

@@ -95,6 +95,14 @@ options:
     type: str
     choices: [size, sha256]
     default: size
+  expect_tree_digest:
+    description:
+      - The RV(tree_digest) that the snapshot's listing must have (sha256 of the selected files' sizes, git oids and
+        LFS sha256s). The fan-out hands on the digest the tree's root got, so a host copying from a mirror refuses
+        any other listing, before it writes anything (a directory it created is removed again).
+      - Implies O(verify=sha256) for the files it fetches and checks: the listing is only worth its digest if
+        every file is checked against it.
+    type: str
   reverify:
     description: Hash (with O(verify=sha256)) or size-check every file again, ignoring the recorded state.
     type: bool
@@ -307,6 +315,13 @@ tree_source:
   returned: always
   type: str
   sample: manifest
+tree_digest:
+  description:
+    - sha256 of the listing of the selected files (path, size, git oid, LFS sha256), in a canonical form.
+    - Also returned (with C(refused=listing)) when O(expect_tree_digest) refuses the listing.
+  returned: always
+  type: str
+  sample: 3b1f0c5e9d7a4c2b8e6f1a0d9c8b7a6f5e4d3c2b1a09f8e7d6c5b4a39281706f
 hub_contacted:
   description: Whether the run made any request to the Hub.
   returned: always
@@ -354,6 +369,7 @@ def main():
             token_file=dict(type="path"),
             verify=dict(type="str", default="size", choices=["size", "sha256"]),
             reverify=dict(type="bool", default=False),
+            expect_tree_digest=dict(type="str"),
             max_workers=dict(type="int", default=0),
             hash_workers=dict(type="int", default=0),
             range_connections=dict(type="int", default=4),

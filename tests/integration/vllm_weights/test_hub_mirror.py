@@ -239,6 +239,117 @@ def test_progress_of_an_earlier_run_is_ignored(tmp_path):
     assert out["phase"] == "starting" and out["finished"] is False
 
 
+# ---- a squatter on the mirror's port: the copying host checks the listing against its source's digest ----
+
+def squatter_root(source, tmp_path, doctor):
+    """A copy of the source's models dir, doctored by ``doctor(snapshot_dir, manifest)``, for a staged mirror
+    (a squatter serving whatever it likes in the mirror's shape)."""
+    import shutil
+    root = tmp_path / "squat"
+    shutil.copytree(os.path.join(source["models"], "acme"), root / "acme")
+    snap = root / "acme" / "gated" / source["sha"]
+    with open(snap / MANIFEST) as fh:
+        manifest = json.load(fh)
+    doctor(snap, manifest)
+    with open(snap / MANIFEST, "w") as fh:
+        json.dump(manifest, fh)
+    return start_mirror(root, staged=True)
+
+
+def git_blob_sha1(data):
+    import hashlib
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def doctor_listing(snap, manifest):
+    """config.json rewritten with a matching listing entry: consistent in itself, not what the source verified."""
+    data = json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "evil.Model"}}).encode()
+    (snap / "config.json").write_bytes(data)
+    manifest["tree"]["config.json"].update({"size": len(data), "oid": git_blob_sha1(data)})
+    manifest["files"]["config.json"]["size"] = len(data)
+
+
+def doctor_file(snap, _manifest):
+    """A shard's bytes changed, its size kept: the listing is the true one."""
+    shard = snap / "model-00001-of-00004.safetensors"
+    with open(shard, "r+b") as fh:
+        fh.seek(200)
+        fh.write(b"\xff" * 8)
+
+
+def test_a_doctored_listing_is_accepted_without_the_digest_and_refused_with_it(source, tmp_path):
+    """Without expect_tree_digest a copying host trusts the mirror's listing (what the check is for); with the
+    digest its source returned, it refuses before writing, and leaves no directory."""
+    squat = squatter_root(source, tmp_path, doctor_listing)
+    try:
+        fooled = fetch_from_mirror(squat, source, tmp_path / "fooled" / source["sha"], verify="sha256")
+        assert not fooled.get("failed"), fooled
+        assert b"evil.Model" in (tmp_path / "fooled" / source["sha"] / "config.json").read_bytes()
+        assert fooled["tree_digest"] != source["result"]["tree_digest"]
+
+        dest = tmp_path / "h2" / source["sha"]
+        sent = squat.stats.as_dict()["files_sent"]
+        res = fetch_from_mirror(squat, source, dest, expect_tree_digest=source["result"]["tree_digest"])
+        assert res.get("failed") and res["refused"] == "listing", res
+        assert "is not the one its source verified" in res["msg"] and "nothing was written" in res["msg"], res["msg"]
+        assert not dest.exists(), os.listdir(dest)
+        assert squat.stats.as_dict()["files_sent"] == sent, "no file was asked for"
+    finally:
+        stop_mirror(squat)
+
+
+def test_a_doctored_file_under_the_true_listing_is_refused_even_with_verify_size(source, tmp_path):
+    squat = squatter_root(source, tmp_path, doctor_file)
+    try:
+        dest = tmp_path / "h2" / source["sha"]
+        res = fetch_from_mirror(squat, source, dest, verify="size", expect_tree_digest=source["result"]["tree_digest"])
+        assert res.get("failed") and "model-00001-of-00004.safetensors" in res["msg"], res
+        assert not (dest / "model-00001-of-00004.safetensors").exists()
+        assert not (dest / MANIFEST).exists()
+    finally:
+        stop_mirror(squat)
+
+
+def test_the_true_listing_passes_the_digest_and_the_copy_is_hashed(source, mirror, tmp_path):
+    dest = tmp_path / "h2" / source["sha"]
+    res = fetch_from_mirror(mirror, source, dest, verify="size", expect_tree_digest=source["result"]["tree_digest"])
+    assert not res.get("failed"), res
+    assert res["tree_digest"] == source["result"]["tree_digest"]
+    assert res["verification"]["mode"] == "sha256"
+    doc = json.loads((dest / MANIFEST).read_text())
+    assert all(r["verified"] == "content" for r in doc["files"].values())
+
+
+def test_the_holder_check_names_a_squatter_and_passes_the_mirror(source, tmp_path):
+    """hub_mirror.py --check-holder reads /proc: the unit's process alone must listen on bind:port."""
+    import socket
+    import subprocess
+    import sys as _sys
+    from hub_mirror import holder_problem
+    srv = start_mirror(source["models"])
+    try:
+        assert holder_problem(os.getpid(), "127.0.0.1", srv.port) is None
+        assert "held by pid %d" % os.getpid() in holder_problem(os.getpid() + 999999, "127.0.0.1", srv.port)
+    finally:
+        stop_mirror(srv)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    squatter = subprocess.Popen([_sys.executable, "-c", (
+        "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', %d)); s.listen(); print('up', flush=True); "
+        "time.sleep(60)") % port], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        with pytest.raises(OSError):
+            MirrorServer(source["models"], "127.0.0.1", port, quiet=True)  # the wildcard listener keeps it
+        problem = holder_problem(0, "127.0.0.1", port)
+        assert "held by pid %d (python" % squatter.pid in problem and "not running" in problem, problem
+        assert holder_problem(0, "127.0.0.1", port + 1 if port < 65535 else port - 1) is not None
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
 # ---- relay: a fan-out tree's inner host serves what is still arriving -----------------------------------
 
 BULK_FILE = "bulk-00001-of-00001.safetensors"

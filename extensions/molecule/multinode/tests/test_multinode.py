@@ -445,6 +445,30 @@ def test_only_root_and_the_front_door_reach_the_router_and_the_instances_on_loop
         w["url"] for w in router["workers"])
 
 
+def guard_play(enabled):
+    return [{"hosts": "vllm_nodes", "gather_facts": False, "roles": ["inferops.vllm.vllm_preflight"], "tasks": [{
+        "name": "The guard entry point", "ansible.builtin.include_role": {
+            "name": "inferops.vllm.vllm_frontdoor", "tasks_from": "guard"},
+        "vars": {"vllm_frontdoor_guard": enabled}}]}]
+
+
+def test_turning_the_guard_off_removes_it_and_on_puts_it_back(hosts, plans):
+    host = hosts[RANK0]
+    user = plans[RANK0]["run_as"]["user"]
+    solo = next(i for i in plans[RANK0]["instances"] if i["name"] == "solo")
+    try:
+        rc, out, _s = playbook(guard_play(False))
+        assert rc == 0, out[-3000:]
+        assert host.run("nft list table inet inferops_vllm_guard").rc != 0, "the table is gone"
+        assert not host.file("/etc/systemd/system/inferops-vllm-guard.service").exists
+        assert as_user(host, user, solo["url"] + "/health") == "200", "nothing resets the instances' user now"
+    finally:
+        rc, out, _s = playbook(guard_play(True))
+    assert rc == 0, out[-3000:]
+    assert as_user(host, user, solo["url"] + "/health") == "ConnectionRefusedError"
+    assert host.check_output("systemctl is-enabled inferops-vllm-guard.service") == "enabled"
+
+
 def start_clients(hosts, clients=1, pause=3.0):
     """Real OpenAI-client requests from mn-1 through mn-0's front door to the router (a transient unit on mn-1)."""
     host = hosts[RANK1]

@@ -4,7 +4,8 @@ it while its own copy arrived (a chain).
 
 Checks what the hosts hold and what the Hub and the mirror served, not what the role's files say.
 The later tests re-run converge.yml (unchanged, in check mode, after damaging a file, air-gapped
-from a staged directory on the host and on the controller); they leave the hosts as converge did.
+from a staged directory on the host and on the controller); they leave the hosts as converge did, but for
+the last (a squatter on the mirror's port), which leaves hosts 2 and 3 without the snapshot.
 """
 from __future__ import annotations
 
@@ -335,3 +336,48 @@ def test_air_gapped_from_directories_staged_on_the_controller_and_on_the_host(tm
     assert facts[H2]["report"][0]["from"] == "staged directory /srv/stage"
     assert h2.run("systemctl is-active inferops-weights-staged.service").stdout.strip() != "active"
     h2.check_output("rm -rf /srv/stage")
+
+
+SQUATTER = """
+import hashlib, json, os, sys
+snap = sys.argv[1]
+data = json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "evil.Model"}}).encode()
+open(os.path.join(snap, "config.json"), "wb").write(data)
+with open(os.path.join(snap, ".inferops-verified.json")) as f:
+    doc = json.load(f)
+doc["tree"]["config.json"].update(size=len(data), oid=hashlib.sha1(b"blob %d\\0" % len(data) + data).hexdigest())
+doc["files"]["config.json"]["size"] = len(data)
+json.dump(doc, open(os.path.join(snap, ".inferops-verified.json"), "w"))
+"""
+
+
+def test_a_squatter_on_the_mirror_port_is_refused_by_every_copying_host():
+    """A process of the service user takes host 1's mirror port before the run and serves a doctored listing and
+    config.json in the mirror's own shape (hub_mirror.py over a doctored copy). Host 1 names the holder; host 2,
+    which copies from that address, refuses the listing (it is not the one host 1 verified); host 3, below host 2,
+    gets nothing. Nothing is put in place. Last: it leaves hosts 2 and 3 without the snapshot (the scenario ends).
+    test_a_host_that_drops_out_of_the_chain_does_not_strand_the_hosts_below_it shows a copy after a failed run."""
+    h1, h2, h3 = node(H1), node(H2), node(H3)
+    for h in (h2, h3):
+        h.check_output(f"rm -rf {SNAPSHOT} {MODELS}/{REPO}/current")
+    subprocess.run(["podman", "cp", os.path.join(PROJECT, "roles", "vllm_weights", "files", "hub_mirror.py"),
+                    f"{H1}:/srv/squat-mirror.py"], check=True)
+    h1.check_output(f"rm -rf /srv/squat && mkdir -p /srv/squat/{REPO} && cp -a {SNAPSHOT} /srv/squat/{REPO}/ "
+                    f"&& python3 -c '{SQUATTER}' /srv/squat/{REPO}/{SHA} && chown -R vllm /srv/squat")
+    h1.check_output(f"systemd-run --unit=molecule-squatter --property=User=vllm /usr/bin/python3 /srv/squat-mirror.py "
+                    f"--root=/srv/squat --bind={address(H1)} --port=8973 --staged")
+    try:
+        h1.check_output(f"for i in $(seq 50); do curl -sf http://{address(H1)}:8973/_mirror/stats && exit 0; "
+                        "sleep 0.2; done; exit 1")
+        squatter_pid = h1.check_output("systemctl show -p MainPID --value molecule-squatter").strip()
+        rc, out, _s, _f = converge(vllm_weights_fanout_stall_timeout=15)
+        counts = recap(out)
+        text = squeeze(out)
+        assert rc != 0 and all(counts[h]["failed"] == 1 for h in (H1, H2, H3)), (counts, text[-4000:])
+        assert f"is held by pid {squatter_pid} (python3, uid" in text, text[-4000:]
+        assert "is not the one its source verified" in text and "nothing was written" in text, text[-4000:]
+        for h in (h2, h3):
+            assert not h.file(SNAPSHOT).exists, h.check_output(f"ls -la {SNAPSHOT}")
+            assert not h.file(f"{MODELS}/{REPO}/current").exists
+    finally:
+        h1.run("systemctl stop molecule-squatter; rm -rf /srv/squat /srv/squat-mirror.py")
