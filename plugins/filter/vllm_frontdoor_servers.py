@@ -11,7 +11,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import ser
 
 
 def vllm_frontdoor_servers(show_stat):
-    """{"<backend>/<server>": {backend, server, status, check_status, sessions_total}}; see vllm_frontdoor_servers.yml."""
+    """{"<backend>/<server>": {backend, server, status, check_status, sessions_total, sessions_current}}; see vllm_frontdoor_servers.yml."""
     try:
         return server_states(show_stat)
     except (ValueError, TypeError, AttributeError) as exc:

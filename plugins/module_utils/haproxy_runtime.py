@@ -48,8 +48,8 @@ def server_states(show_stat):
     ``show_stat`` is the runtime API's answer (a string or its lines): CSV whose first line is the header
     ``# pxname,svname,...`` (field positions differ between HAProxy versions; the header names them). Each
     server maps to ``backend``, ``server``, ``status`` (UP, DOWN, DRAIN, MAINT, "UP 1/3", ...), ``check_status``
-    (the last health check: L7OK, L4CON, ...; "" when none ran) and ``sessions_total`` (requests it was sent,
-    an int). The FRONTEND and BACKEND summary rows are left out. Empty input gives ``{}``; input that is not
+    (the last health check: L7OK, L4CON, ...; "" when none ran), ``sessions_total`` (requests it was sent,
+    an int) and ``sessions_current`` (requests it runs now, through this front door). The FRONTEND and BACKEND summary rows are left out. Empty input gives ``{}``; input that is not
     ``show stat`` output (an error of the socket) raises ValueError quoting its first line.
     """
     lines = show_stat.splitlines() if isinstance(show_stat, str) else list(show_stat or [])
@@ -64,10 +64,11 @@ def server_states(show_stat):
         row = dict(zip(head, line.split(",")))
         if row.get("svname", "") in _SUMMARY_ROWS or not row.get("pxname") or not row.get("svname"):
             continue
-        total = row.get("stot", "")
+        total, current = row.get("stot", ""), row.get("scur", "")
         servers[f"{row['pxname']}/{row['svname']}"] = {
             "backend": row["pxname"], "server": row["svname"], "status": row.get("status", ""),
             "check_status": row.get("check_status", ""), "sessions_total": int(total) if total.isdigit() else 0,
+            "sessions_current": int(current) if current.isdigit() else 0,
         }
     return servers
 

@@ -47,6 +47,13 @@ options:
       - The instance's base URL (C(http://127.0.0.1:8000)); with O(state=drain) its C(/metrics) is polled until
         C(vllm:num_requests_running) plus C(vllm:num_requests_waiting) is 0. Without it, a drain does not wait.
     type: str
+  wait_sessions:
+    description:
+      - With O(state=drain), also wait until HAProxy's own count of the requests the server runs through this front
+        door (C(scur) of C(show stat)) is 0. For a server whose load O(wait_url) cannot read, such as a router (the
+        router role drains a router this way before it restarts it, while the other router hosts serve).
+    type: bool
+    default: false
   timeout:
     description: The longest wait in seconds (draining, or until UP).
     type: int
@@ -142,6 +149,15 @@ def _set(module, path, name, state):
         module.fail_json(msg=f"front door runtime API {path}: `set server {name} state {state}` answered: {answer}")
 
 
+def _sessions(module, path, name):
+    """Requests the server runs through this front door now (HAProxy's scur)."""
+    try:
+        servers = server_states(runtime_command(path, "show stat"))
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
+    return (servers.get(name) or {}).get("sessions_current", 0)
+
+
 def _load(url):
     """Requests running or waiting on the instance, or None when it does not answer (nothing left to drain)."""
     try:
@@ -159,6 +175,7 @@ def main():
             "server": {"type": "str", "required": True},
             "state": {"type": "str", "required": True, "choices": ["drain", "ready"]},
             "wait_url": {"type": "str"},
+            "wait_sessions": {"type": "bool", "default": False},
             "timeout": {"type": "int", "default": 60},
             "interval": {"type": "float", "default": 1.0},
         },
@@ -196,6 +213,11 @@ def main():
         while load and time.monotonic() - start < timeout:
             time.sleep(interval)
             load = _load(module.params["wait_url"])
+        if not load and module.params["wait_sessions"]:
+            load = _sessions(module, path, name)
+            while load and time.monotonic() - start < timeout:
+                time.sleep(interval)
+                load = _sessions(module, path, name)
         result["drained"] = not load
         if load:
             module.warn(f"{module.params['server']} still had {load:g} request(s) after {timeout} s of draining; "

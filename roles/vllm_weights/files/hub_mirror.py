@@ -36,8 +36,6 @@ written and no path from a URL reaches the file system except through the manife
 
 usage: python hub_mirror.py --root DIR [--bind ADDR] [--port N] [--allow ADDR|CIDR ...] [--staged]
                             [--relay [--stall-timeout S]]
-       python hub_mirror.py --check-holder UNIT --bind ADDR --port N
-                            (as root, after the start: the unit's own process alone listens there)
 """
 from __future__ import annotations
 
@@ -540,94 +538,27 @@ class MirrorHandler(BaseHTTPRequestHandler):
                                   relayed=sent if fill is not None else 0, waited=waited)
 
 
-def _proc_address(hexaddr):
-    """The address of a /proc/net/tcp{,6} ``local_address`` (hex, 32-bit words in host order)."""
-    words = [int(hexaddr[i:i + 8], 16) for i in range(0, len(hexaddr), 8)]
-    raw = b"".join(struct.pack("=I", w) for w in words)
-    return ipaddress.ip_address(raw)
+def notify_ready(env=None):
+    """Tell systemd the mirror serves (sd_notify READY=1) when it runs as a Type=notify unit; False otherwise.
 
-
-def listeners(bind, port, proc="/proc"):
-    """Socket inodes of the TCP listeners that take connections for ``bind``:``port`` (the address or a wildcard)."""
-    want = ipaddress.ip_address(bind)
-    found = set()
-    for name in ("tcp", "tcp6"):
-        try:
-            with open(os.path.join(proc, "net", name)) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) < 10 or cols[3] != "0A":  # 0A: LISTEN
-                continue
-            host, _sep, hexport = cols[1].partition(":")
-            if int(hexport, 16) != port:
-                continue
-            addr = _proc_address(host)
-            mapped = getattr(addr, "ipv4_mapped", None)
-            if addr.is_unspecified or addr == want or mapped == want or want.is_unspecified:
-                found.add(cols[9])
-    return found
-
-
-def socket_owners(inodes, proc="/proc"):
-    """{inode: [(pid, uid, command)]} for the processes that hold those sockets."""
-    owners = {i: [] for i in inodes}
-    for pid in (d for d in os.listdir(proc) if d.isdigit()):
-        fd_dir = os.path.join(proc, pid, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if link.startswith("socket:[") and link[8:-1] in owners:
-                try:
-                    uid = os.stat(os.path.join(proc, pid)).st_uid
-                    with open(os.path.join(proc, pid, "comm")) as f:
-                        comm = f.read().strip()
-                except OSError:
-                    uid, comm = -1, "?"
-                owners[link[8:-1]].append((int(pid), uid, comm))
-    return owners
-
-
-def holder_problem(pid, bind, port, proc="/proc"):
-    """None when process ``pid`` alone listens on ``bind``:``port``; else what is wrong, in a sentence."""
-    inodes = listeners(bind, port, proc)
-    if not inodes:
-        return "nothing listens on %s:%d" % (bind, port)
-    owners = socket_owners(inodes, proc)
-    others = sorted({o for held in owners.values() for o in held if o[0] != pid})
-    mine = any(o[0] == pid for held in owners.values() for o in held)
-    if others or not mine:
-        who = ", ".join("pid %d (%s, uid %d)" % (p, comm, uid) for p, uid, comm in others) or "no process this check can see"
-        return "%s:%d is held by %s, not by the mirror (pid %s)" % (bind, port, who, pid or "none: it is not running")
-    return None
-
-
-def check_holder(unit, bind, port):
-    """Exit status for ``--check-holder``: 0 when the unit's main process alone holds the port."""
-    import subprocess
-    out = subprocess.run(["systemctl", "show", "--property=MainPID", "--value", unit + ".service"],
-                         capture_output=True, text=True, check=False).stdout.strip()
-    pid = int(out) if out.isdigit() else 0
-    problem = holder_problem(pid, bind, port)
-    if problem:
-        sys.stderr.write("hub_mirror: %s; the copying hosts would read from it. Stop that process (or choose "
-                         "another vllm_weights_fanout_port) and re-run.\n" % problem)
-        return 1
-    sys.stdout.write("hub_mirror: pid %d alone listens on %s:%d\n" % (pid, bind, port))
-    return 0
+    The role starts the mirror that way, after it has bound its port: systemd-run returns only once the unit's own main
+    process said so (NotifyAccess=main), and fails when the process exits first (the port was taken). So a squatter
+    that holds the port before the mirror starts makes the start fail, and none can take it after.
+    """
+    path = (env if env is not None else os.environ).get("NOTIFY_SOCKET", "")
+    if not path:
+        return False
+    if path.startswith("@"):
+        path = "\0" + path[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(path)
+        sock.sendall(b"READY=1")
+    return True
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Serve verified model snapshots read-only, Hub-compatible")
-    ap.add_argument("--root", help="models directory: <root>/<org>/<name>/<sha>/ (required to serve)")
+    ap.add_argument("--root", required=True, help="models directory: <root>/<org>/<name>/<sha>/")
     ap.add_argument("--bind", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     ap.add_argument("--allow", action="append", default=[], metavar="ADDR|CIDR",
@@ -641,12 +572,8 @@ def main(argv=None):
                     help="with --relay: longest wait without progress for a snapshot or bytes (default 120)")
     ap.add_argument("--max-rate", type=float, default=0.0, metavar="MIB_S",
                     help="cap on the bytes sent per second over all clients, in MiB/s (default 0: no cap)")
-    ap.add_argument("--check-holder", metavar="UNIT",
-                    help="do not serve: exit 0 only if UNIT's main process alone listens on --bind:--port")
     args = ap.parse_args(argv)
-    if args.check_holder:
-        return check_holder(args.check_holder, args.bind, args.port)
-    if not args.root or not os.path.isdir(args.root):
+    if not os.path.isdir(args.root):
         sys.stderr.write("hub_mirror: --root %s is not a directory\n" % args.root)
         return 2
     try:
@@ -663,6 +590,7 @@ def main(argv=None):
     signal.signal(signal.SIGINT, stop)
     sys.stdout.write("%d\n" % server.port)
     sys.stdout.flush()
+    notify_ready()
     sys.stderr.write("hub_mirror: serving %s on %s:%d, clients %s\n"
                      % (server.root, args.bind, server.port, ", ".join(args.allow) or "any"))
     try:

@@ -320,34 +320,46 @@ def test_the_true_listing_passes_the_digest_and_the_copy_is_hashed(source, mirro
     assert all(r["verified"] == "content" for r in doc["files"].values())
 
 
-def test_the_holder_check_names_a_squatter_and_passes_the_mirror(source, tmp_path):
-    """hub_mirror.py --check-holder reads /proc: the unit's process alone must listen on bind:port."""
+def test_the_mirror_says_ready_only_once_it_holds_its_port_and_exits_when_a_squatter_has_it(source, tmp_path):
+    """The role runs the mirror as a Type=notify unit: READY=1 on $NOTIFY_SOCKET after the bind (systemd-run then
+    returns), never when the port is taken - also by a wildcard listener, though the mirror sets SO_REUSEADDR."""
     import socket
     import subprocess
     import sys as _sys
-    from hub_mirror import holder_problem
-    srv = start_mirror(source["models"])
-    try:
-        assert holder_problem(os.getpid(), "127.0.0.1", srv.port) is None
-        assert "held by pid %d" % os.getpid() in holder_problem(os.getpid() + 999999, "127.0.0.1", srv.port)
-    finally:
-        stop_mirror(srv)
-    with socket.socket() as probe:
+    notify = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sd, socket.socket() as probe:
+        sd.bind(str(notify))
+        sd.settimeout(20)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    squatter = subprocess.Popen([_sys.executable, "-c", (
-        "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', %d)); s.listen(); print('up', flush=True); "
-        "time.sleep(60)") % port], stdout=subprocess.PIPE, text=True)
-    try:
-        assert squatter.stdout.readline().strip() == "up"
-        with pytest.raises(OSError):
-            MirrorServer(source["models"], "127.0.0.1", port, quiet=True)  # the wildcard listener keeps it
-        problem = holder_problem(0, "127.0.0.1", port)
-        assert "held by pid %d (python" % squatter.pid in problem and "not running" in problem, problem
-        assert holder_problem(0, "127.0.0.1", port + 1 if port < 65535 else port - 1) is not None
-    finally:
-        squatter.kill()
-        squatter.wait()
+        probe.close()
+        script = os.path.join(os.path.dirname(os.path.abspath(__import__("hub_mirror").__file__)), "hub_mirror.py")
+        env = dict(os.environ, NOTIFY_SOCKET=str(notify))
+        mirror = subprocess.Popen([_sys.executable, script, "--root", source["models"], "--port", str(port), "--quiet"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert sd.recv(64) == b"READY=1"
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # it listens when it says so
+        finally:
+            mirror.terminate()
+            mirror.wait(timeout=10)
+        squatter = subprocess.Popen([_sys.executable, "-c", (
+            "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+            "s.bind(('0.0.0.0', %d)); s.listen(); print('up', flush=True); time.sleep(60)") % port],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert squatter.stdout.readline().strip() == "up"
+            sd.settimeout(0.5)
+            late = subprocess.run([_sys.executable, script, "--root", source["models"], "--port", str(port)], env=env,
+                                  capture_output=True, text=True, timeout=30, check=False)
+            assert late.returncode == 2 and "cannot serve on 127.0.0.1:%d" % port in late.stderr, late.stderr
+            assert "Address already in use" in late.stderr
+            with pytest.raises(socket.timeout):
+                sd.recv(64)
+        finally:
+            squatter.kill()
+            squatter.wait()
 
 
 # ---- relay: a fan-out tree's inner host serves what is still arriving -----------------------------------

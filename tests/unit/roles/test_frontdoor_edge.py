@@ -225,3 +225,45 @@ def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without
             proc.terminate()
             proc.wait(timeout=10)
         router_b.close()
+
+
+def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(tmp_path):
+    """Issue 38, the router role's rolling restart: with this host's router drained over the runtime API (what the
+    role does before it restarts it), HAProxy sends every new request to the backup (the other router host's front
+    door); `ready` brings them back. Through the module's own runtime API client."""
+    from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
+        runtime_command, server_states)
+    router_a, router_b = _Anything(), _Anything()
+    door_a, door_b = _free_port(), _free_port()
+    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+    procs, sock = [], str(tmp_path / "a.sock")
+    try:
+        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
+            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
+            cfg = tmp_path / f"{name}.cfg"
+            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
+                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
+                                  vllm_frontdoor_check_interval="200ms"))
+            procs.append(_start(cfg))
+        _wait_up(door_b, INSTANCE_KEY)
+        _wait_up(door_a, INSTANCE_KEY)
+
+        def completions(n):
+            seen_a, seen_b = len(router_a.seen), len(router_b.seen)
+            statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
+                                        [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _ in range(n)]
+            return statuses, len(router_a.seen) - seen_a, len(router_b.seen) - seen_b
+
+        assert completions(5) == ([200] * 5, 5, 0)
+        assert runtime_command(sock, "set server _router_tiny/router state drain").strip() == ""
+        assert server_states(runtime_command(sock, "show stat"))["_router_tiny/router"]["status"] == "DRAIN"
+        assert completions(5) == ([200] * 5, 0, 5), "a drained router gets nothing, the backup takes it all"
+        assert runtime_command(sock, "set server _router_tiny/router state ready").strip() == ""
+        assert completions(5) == ([200] * 5, 5, 0)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        router_a.close()
+        router_b.close()

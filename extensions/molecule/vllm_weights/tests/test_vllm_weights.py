@@ -353,7 +353,8 @@ json.dump(doc, open(os.path.join(snap, ".inferops-verified.json"), "w"))
 
 def test_a_squatter_on_the_mirror_port_is_refused_by_every_copying_host():
     """A process of the service user takes host 1's mirror port before the run and serves a doctored listing and
-    config.json in the mirror's own shape (hub_mirror.py over a doctored copy). Host 1 names the holder; host 2,
+    config.json in the mirror's own shape (hub_mirror.py over a doctored copy). Host 1's mirror cannot start and
+    says so (a Type=notify unit: no READY from its own process); host 2,
     which copies from that address, refuses the listing (it is not the one host 1 verified); host 3, below host 2,
     gets nothing. Nothing is put in place. Last: it leaves hosts 2 and 3 without the snapshot (the scenario ends).
     test_a_host_that_drops_out_of_the_chain_does_not_strand_the_hosts_below_it shows a copy after a failed run."""
@@ -374,7 +375,9 @@ def test_a_squatter_on_the_mirror_port_is_refused_by_every_copying_host():
         counts = recap(out)
         text = squeeze(out)
         assert rc != 0 and all(counts[h]["failed"] == 1 for h in (H1, H2, H3)), (counts, text[-4000:])
-        assert f"is held by pid {squatter_pid} (python3, uid" in text, text[-4000:]
+        assert (f"{H1}: the fan-out mirror did not start on {address(H1)}:8973: hub_mirror: cannot serve on "
+                f"{address(H1)}:8973: [Errno 98] Address already in use") in text, text[-4000:]
+        assert h1.check_output("systemctl show -p MainPID --value molecule-squatter").strip() == squatter_pid
         assert "is not the one its source verified" in text and "nothing was written" in text, text[-4000:]
         for h in (h2, h3):
             assert not h.file(SNAPSHOT).exists, h.check_output(f"ls -la {SNAPSHOT}")

@@ -59,25 +59,28 @@ _name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-.", min_size=1, 
     lambda n: n not in ("FRONTEND", "BACKEND"))
 _status = st.sampled_from(["UP", "DOWN", "DRAIN", "MAINT", "NOLB", "UP 1/3", "DOWN 1/2", "no check"])
 _check = st.sampled_from(["", "L7OK", "L4CON", "L7STS", "L4TOUT", "INI"])
-_extra = ["qcur", "scur", "weight", "act", "lastchg", "rate", "hrsp_2xx", "agent_status", "srv_icur"]
+_extra = ["qcur", "weight", "act", "lastchg", "rate", "hrsp_2xx", "agent_status", "srv_icur"]
 
 
 @settings(max_examples=200, deadline=None)
-@given(servers=st.dictionaries(st.tuples(_name, _name), st.tuples(_status, _check, st.integers(0, 10**9)), max_size=8),
-       order=st.permutations(["pxname", "svname", "status", "check_status", "stot"] + _extra),
+@given(servers=st.dictionaries(st.tuples(_name, _name), st.tuples(_status, _check, st.integers(0, 10**9),
+                                                                   st.integers(0, 10**4)), max_size=8),
+       order=st.permutations(["pxname", "svname", "status", "check_status", "stot", "scur"] + _extra),
        summaries=st.booleans())
 def test_any_column_order_any_servers(servers, order, summaries):
     head = [c for c in order if c not in ("pxname", "svname")]
     head = ["pxname", "svname"] + head  # HAProxy always starts with these two; the header line says so
     lines = ["# " + ",".join(head)]
-    for (backend, server), (status, check, total) in servers.items():
-        row = {"pxname": backend, "svname": server, "status": status, "check_status": check, "stot": str(total)}
+    for (backend, server), (status, check, total, current) in servers.items():
+        row = {"pxname": backend, "svname": server, "status": status, "check_status": check, "stot": str(total),
+               "scur": str(current)}
         lines.append(",".join(row.get(c, "0") for c in head))
         if summaries:
             lines.append(",".join({"pxname": backend, "svname": "BACKEND", "status": "UP"}.get(c, "") for c in head))
     got = server_states("\n".join(lines) + "\n")
-    assert got == {f"{b}/{s}": {"backend": b, "server": s, "status": st_, "check_status": c, "sessions_total": t}
-                   for (b, s), (st_, c, t) in servers.items()}
+    assert got == {f"{b}/{s}": {"backend": b, "server": s, "status": st_, "check_status": c, "sessions_total": t,
+                                "sessions_current": cur}
+                   for (b, s), (st_, c, t, cur) in servers.items()}
 
 
 # --------------------------------------------------------------------------- a real HAProxy
