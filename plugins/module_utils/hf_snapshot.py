@@ -1014,19 +1014,22 @@ class Snapshot(object):
                 self.acquire_lock()
                 self.progress.start()
             return self._run_locked(manifest_any, t_start)
-        except SnapshotError as e:
-            self.progress.stop("failed")
-            if created and not self.check_mode:
-                self.release_lock()
-                self._remove_if_empty()
+        except SnapshotError:
+            self._failed(created)
             raise
         except Exception as e:  # noqa: BLE001 - a library error becomes a clear message
-            self.progress.stop("failed")
+            self._failed(created)
             raise SnapshotError(describe_error(e, self.repo_id, self.revision), error_type=type(e).__name__,
                                 retries=self.retry_log)
         finally:
             self.release_lock()
             quiet.__exit__()
+
+    def _failed(self, created):
+        self.progress.stop("failed")
+        if created and not self.check_mode:
+            self.release_lock()
+            self._remove_if_empty()
 
     def _remove_if_empty(self):
         """Remove dest when this run created it and wrote nothing into it but the lock (a refused listing, a

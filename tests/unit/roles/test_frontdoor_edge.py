@@ -267,3 +267,60 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
             proc.wait(timeout=10)
         router_a.close()
         router_b.close()
+
+
+class _DiesMidRequest(_Anything):
+    """A router that is SIGKILLed while it runs a request: at request ``die_at`` it resets that connection without a
+    byte of answer and stops listening (later connections are refused)."""
+
+    def __init__(self, die_at):
+        super().__init__()
+        owner, self.die_at, self.count = self, die_at, 0
+        handler = self.server.RequestHandlerClass
+        inner = handler._any  # pylint: disable=protected-access
+
+        def _maybe_die(req):
+            if req.path == "/v1/completions":
+                owner.count += 1
+                if owner.count == owner.die_at:
+                    import socket  # pylint: disable=import-outside-toplevel
+                    import struct  # pylint: disable=import-outside-toplevel
+                    owner.server.socket.close()
+                    req.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    req.connection.close()
+                    req.close_connection = True
+                    raise ConnectionAbortedError("killed")
+            return inner(req)
+
+        handler.do_GET = handler.do_POST = _maybe_die
+
+
+def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
+    """Issue 38: the router behind door A dies in the middle of a completion (the connection reset, no byte answered):
+    the front door retries that request (retry-on empty-response, router doors with backups only) and, the router's
+    port now refusing, marks it down and hands the request to the backup. Every request answers 200."""
+    router_a, router_b = _DiesMidRequest(die_at=6), _Anything()
+    door_a, door_b = _free_port(), _free_port()
+    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+    procs = []
+    try:
+        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
+            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
+            cfg = tmp_path / f"{name}.cfg"
+            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
+                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
+                                  vllm_frontdoor_check_interval="5s"))
+            procs.append(_start(cfg))
+        _wait_up(door_b, INSTANCE_KEY)
+        _wait_up(door_a, INSTANCE_KEY)
+        statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
+                                    [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _ in range(12)]
+        assert statuses == [200] * 12, statuses
+        assert router_a.count == 6, "the request it died on was its sixth"
+        assert len([s for s in router_b.seen if s[1] == "/v1/completions"]) == 7, "the backup took the rest, and that one"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        router_b.close()

@@ -469,9 +469,10 @@ def test_turning_the_guard_off_removes_it_and_on_puts_it_back(hosts, plans):
     assert host.check_output("systemctl is-enabled inferops-vllm-guard.service") == "enabled"
 
 
-def start_clients(hosts, clients=1, pause=3.0):
-    """Real OpenAI-client requests from mn-1 through mn-0's front door to the router (a transient unit on mn-1)."""
-    host = hosts[RANK1]
+def start_clients(hosts, clients=1, pause=3.0, door=RANK0):
+    """Real OpenAI-client requests through ``door``'s router front door (mn-0's, the default), from the other host (a
+    transient unit there)."""
+    host = hosts[RANK1 if door == RANK0 else RANK0]
     with open(CLIENTS, "rb") as fh:
         script = base64.b64encode(fh.read()).decode()
     host.run("systemctl stop router-openai-clients")
@@ -479,13 +480,25 @@ def start_clients(hosts, clients=1, pause=3.0):
     host.check_output(f"umask 077; echo {base64.b64encode(KEY.encode()).decode()} | base64 -d > /run/router-clients.key")
     venv = host.check_output("readlink -f /opt/inferops/vllm/current")
     host.check_output(f"systemd-run --unit router-openai-clients {venv}/bin/python /var/tmp/router-openai-clients.py "
-                      f"http://{eth0(hosts[RANK0])}:{ROUTER_PORT}/v1 /run/router-clients.key tiny-llama {CLIENTS_LOG} "
+                      f"http://{eth0(hosts[door])}:{ROUTER_PORT}/v1 /run/router-clients.key tiny-llama {CLIENTS_LOG} "
                       f"{clients} {pause}")
 
 
-def stop_clients(hosts):
-    hosts[RANK1].run("systemctl stop router-openai-clients")
-    return [json.loads(line) for line in hosts[RANK1].file(CLIENTS_LOG).content_string.splitlines() if line]
+def stop_clients(hosts, door=RANK0):
+    host = hosts[RANK1 if door == RANK0 else RANK0]
+    host.run("systemctl stop router-openai-clients")
+    return [json.loads(line) for line in host.file(CLIENTS_LOG).content_string.splitlines() if line]
+
+
+def door_servers(host):
+    """The router front door's servers on ``host`` (HAProxy's show stat): {server: {status, sessions_total}}."""
+    script = ("import socket; s = socket.socket(socket.AF_UNIX); s.connect('/run/inferops-vllm-frontdoor/admin.sock'); "
+              "s.sendall(b'show stat\\n'); print(s.makefile().read())")
+    text = host.check_output(f"python3 -c \"{script}\"")
+    head = text.splitlines()[0][2:].split(",")
+    rows = [dict(zip(head, line.split(","))) for line in text.splitlines()[1:] if line.strip()]
+    return {r["svname"]: {"status": r["status"], "sessions_total": int(r["stot"] or 0)}
+            for r in rows if r["pxname"] == "_router_tiny" and r["svname"] not in ("FRONTEND", "BACKEND")}
 
 
 def realtime(host, unit, prop):
@@ -561,26 +574,79 @@ def test_a_rollout_through_the_router_fails_no_request(hosts, plans, router):
           + f"; rollout.yml took {end - start:.1f} s")
 
 
-def test_what_a_client_sees_when_the_router_restarts(hosts, router):
-    """The router itself restarts (its own upgrade): the front door retries a refused connection (retries 2,
-    option redispatch), so a client sees the restart as latency, or as errors for as long as it is down. Printed,
-    and the router serves again at once."""
+def test_a_router_sigkilled_under_clients_loses_no_request(hosts, plans, router):
+    """Issue 38: two router hosts; mn-0's front door lists its own router first and mn-1's front door (its router) as
+    a backup. mn-0's router is SIGKILLed under two clients sending completions through mn-0's front door: the refused
+    connection marks it down at once, a request it was running is retried (retry-on empty-response), and the backup
+    serves. No request fails; systemd restarts the router and the front door sends to it again."""
+    assert [b["host"] for b in router["backups"]] == [RANK1]
+    (other,) = plans[RANK1]["routers"]
+    assert [b["host"] for b in other["backups"]] == [RANK0]
+    before = door_servers(hosts[RANK0])
     start_clients(hosts, clients=2, pause=0.5)
     try:
         time.sleep(4)
         t0 = time.time()
-        hosts[RANK0].check_output(f"systemctl restart {ROUTER_UNIT}")
-        time.sleep(8)
+        hosts[RANK0].check_output(f"systemctl kill --signal=KILL {ROUTER_UNIT}")
+        back = None
+        while back is None and time.time() < t0 + 90:
+            time.sleep(1)
+            if door_servers(hosts[RANK0])["router"]["status"] == "UP" and time.time() > t0 + 3:
+                back = time.time()
+        time.sleep(4)
     finally:
         records = stop_clients(hosts)
+    after = door_servers(hosts[RANK0])
     around = [r for r in records if r["t"] >= t0 - 1]
-    failed = [r for r in around if not r["ok"]]
-    print(f"router restart under 2 clients (0.5 s pause): {len(around)} requests from 1 s before the restart to 8 s "
-          f"after, {len(failed)} failed: {[r.get('error', r.get('status')) for r in failed][:3]}; slowest "
-          f"{max(r['seconds'] for r in around)} s")
-    assert [r for r in records if r["t"] > t0 + 4 and r["ok"]], records[-5:]
-    listed = json.loads(router_get(hosts, router, "/list_workers"))["urls"]
-    assert sorted(listed) == sorted(w["url"] for w in router["workers"])
+    failed = [r for r in records if not r["ok"]]
+    to_backup = after[f"router_{RANK1}"]["sessions_total"] - before[f"router_{RANK1}"]["sessions_total"]
+    print(f"router SIGKILL under 2 clients (0.5 s pause) through mn-0's front door: {len(around)} requests from 1 s "
+          f"before the kill, {len(failed)} failed {[r.get('error', r.get('status')) for r in failed][:3]}; "
+          f"{to_backup} went to mn-1's router; mn-0's router UP again after "
+          + (f"{back - t0:.1f} s" if back else "more than 90 s") + f"; slowest {max(r['seconds'] for r in around)} s")
+    assert not failed, failed[:3]
+    assert to_backup > 0, "the backup served while mn-0's router was down"
+    assert back is not None, "mn-0's router is back in its front door"
+    served = after["router"]["sessions_total"]
+    start_clients(hosts, clients=1, pause=0.5)
+    try:
+        time.sleep(5)
+    finally:
+        records = stop_clients(hosts)
+    assert records and all(r["ok"] for r in records)
+    assert door_servers(hosts[RANK0])["router"]["sessions_total"] > served, "mn-0's own router serves again"
+
+
+def router_started(host):
+    return realtime(host, ROUTER_UNIT, "ExecMainStartTimestamp")
+
+
+def test_the_router_role_restarts_two_routers_one_host_at_a_time_and_loses_no_request(hosts):
+    """Issue 38: a change to both routers' units (their log level, as an upgrade changes the venv they run from) under
+    a client through each host's front door. The router role restarts them one host at a time: mn-0's router drained
+    at its front door (the backup serves), restarted, put back UP, then mn-1's. No request fails through either door;
+    the two restarts are seconds apart (the first router's liveness and the front door's rise in between)."""
+    started = {name: router_started(h) for name, h in hosts.items()}
+    start_clients(hosts, clients=1, pause=0.5, door=RANK0)
+    start_clients(hosts, clients=1, pause=0.5, door=RANK1)
+    try:
+        time.sleep(3)
+        rc, out, seconds = playbook([{"hosts": "vllm_nodes", "gather_facts": False,
+                                      "roles": ["inferops.vllm.vllm_preflight", "inferops.vllm.vllm_router"]}],
+                                    "-e", "vllm_router_log_level=info")
+        time.sleep(3)
+    finally:
+        records = {door: stop_clients(hosts, door=door) for door in (RANK0, RANK1)}
+    assert rc == 0, out[-3000:]
+    now = {name: router_started(h) for name, h in hosts.items()}
+    assert all(now[n] > started[n] for n in hosts), (started, now)
+    failed = {door: [r for r in rs if not r["ok"]] for door, rs in records.items()}
+    print(f"router role restart of two routers in {seconds:.0f} s: "
+          + "; ".join(f"through {d}'s front door {len(records[d])} requests, {len(failed[d])} failed" for d in records)
+          + f"; mn-1's router restarted {now[RANK1] - now[RANK0]:.1f} s after mn-0's")
+    assert not failed[RANK0] and not failed[RANK1], failed
+    assert all(records.values())
+    assert now[RANK1] - now[RANK0] >= 3, "mn-1's router restarted only once mn-0's was back UP in its front door"
 
 
 def test_a_worker_killed_under_a_client_costs_at_most_one_request(hosts, plans, router):
