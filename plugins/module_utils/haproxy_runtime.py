@@ -3,8 +3,9 @@
 """HAProxy's runtime API (the front door's admin socket): one command, the servers of ``show stat``, and the
 load of a vLLM instance read from its ``/metrics``.
 
-Used on the host by the ``frontdoor_server`` module (drain and ready of one server) and on the controller by
-the ``vllm_frontdoor_servers`` filter, so ``show stat`` has one parser.
+Used on the host by the ``frontdoor_server`` module (drain and ready of one server) and the ``frontdoor_reload``
+module (a reload that keeps servers out of rotation), and on the controller by the ``vllm_frontdoor_servers``
+filter, so ``show stat`` has one parser.
 """
 from __future__ import annotations
 
@@ -71,6 +72,30 @@ def server_states(show_stat):
             "sessions_current": int(current) if current.isdigit() else 0,
         }
     return servers
+
+
+# the status HAProxy shows for a server taken out of rotation over the runtime API -> the state that puts it back there
+_ADMIN = {"DRAIN": "drain", "MAINT": "maint"}
+
+
+def admin_states(servers):
+    """``{"<backend>/<server>": "drain" | "maint"}`` of the servers (``server_states``) an operator or a run took out
+    of rotation (``set server ... state drain|maint``); a server that is only DOWN (its checks fail) is not one."""
+    out = {}
+    for name, server in (servers or {}).items():
+        state = _ADMIN.get(str(server.get("status", "")).split(" ")[0])
+        if state:
+            out[name] = state
+    return out
+
+
+def worker_pid(show_info):
+    """The ``Pid:`` of HAProxy's ``show info`` answer (the process that answered); ValueError when there is none."""
+    for line in (show_info or "").splitlines():
+        key, _sep, value = line.partition(":")
+        if key.strip() == "Pid" and value.strip().isdigit():
+            return int(value.strip())
+    raise ValueError(f"not HAProxy's `show info` output: {(show_info or '')[:200]!r}")
 
 
 def vllm_load(metrics_text):

@@ -70,7 +70,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import snapsh
 
 __all__ = ["NODES_PARALLEL", "CLI_MODULE", "DEFAULT_MASTER_PORT", "MULTINODE_FLAGS", "SOCKET_ENV",
            "key_problems", "resolve", "restore", "flags", "environment", "port_problems", "table_cells",
-           "group_key", "rank_groups", "interface_ips"]
+           "group_key", "rank_groups", "interface_ips", "planned_on"]
 
 #: How the ranks split the model: ``pipeline`` (PP across hosts) or ``tensor`` (TP across hosts).
 NODES_PARALLEL = ("pipeline", "tensor")
@@ -186,6 +186,19 @@ def _hosts(rec, fleet, where):
         problems.append(f"{where}.nodes names one host ({hosts[0]}); a multi-node instance needs at least 2: "
                         f"drop nodes to serve it as a single-host instance on {hosts[0]}")
     return (None, problems) if problems else (hosts, [])
+
+
+def planned_on(nodes, host, fleet):
+    """Whether ``host``'s own plan keeps an instance whose (raw) ``nodes`` is this: a single-host instance (no
+    ``nodes``) always; one that spans hosts when ``host`` is among its hosts (``resolve`` drops it elsewhere). Nodes
+    that cannot be resolved count as kept: that host's own plan refuses them, naming why. For the views built beside
+    the plans (the routers' worker ports) until the fleet is planned once (issue 39)."""
+    if nodes is None or nodes == "":
+        return True
+    if not isinstance(nodes, (dict, list)) or (isinstance(nodes, dict) and not {"group", "count"} <= set(nodes)):
+        return True
+    hosts, problems = _hosts({"nodes": nodes}, fleet, "nodes")
+    return bool(problems) or host in hosts
 
 
 def interface_ips(entry, iface):

@@ -20,7 +20,8 @@ address and port base) and give the plan of ``host``:
 
 A worker is every single-host instance (no ``nodes``) of the model, on every host of the inventory, in inventory
 order. Its URL: ``http://<address>:<port>``; the port is the instance's own or the one ``base_port`` gives it
-(``placement.assign_ports``, the rule the host's own plan applies); the address is loopback on the router's own
+(``placement.assign_ports`` over the instances that host's own plan keeps, the rule that plan applies: a
+multi-node instance of other hosts is not counted, ``multinode.planned_on``); the address is loopback on the router's own
 host, else the host's ``vllm_router_worker_address``, else its ``vllm_service_host`` when that is one address,
 else the IPv4 address of its ``vllm_service_network_interface`` (network facts). An instance bound to loopback
 on another host cannot be reached: a problem naming the variable to set.
@@ -28,7 +29,7 @@ on another host cannot be reached: a problem naming the variable to set.
 from __future__ import annotations
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import connect_host
-from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
@@ -121,7 +122,8 @@ def _workers(fleet, model, router_host):
     """[{host, instance, url}] of every single-host instance of ``model`` in the fleet, and the problems."""
     workers, problems = [], []
     for name, entry in fleet.items():
-        raw = [i for i in (entry.get("instances") or []) if isinstance(i, dict)]
+        # the instances this host's own plan keeps (not a multi-node instance of other hosts), in its order
+        raw = [i for i in (entry.get("instances") or []) if isinstance(i, dict) and planned_on(i.get("nodes"), name, fleet)]
         ports = assign_ports([as_int(i.get("port")) for i in raw],
                              as_int(entry.get("base_port")) or 8000)
         mine = [(i, p) for i, p in zip(raw, ports)

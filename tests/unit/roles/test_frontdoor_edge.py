@@ -324,3 +324,79 @@ def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
             proc.terminate()
             proc.wait(timeout=10)
         router_b.close()
+
+
+def _run_module(module, args):
+    """An Ansible module's main() in this process (AnsibleModule's test pattern); its result."""
+    import contextlib  # pylint: disable=import-outside-toplevel
+    import io  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils.testing import patch_module_args  # pylint: disable=import-outside-toplevel
+    buf = io.StringIO()
+    with patch_module_args(args), contextlib.redirect_stdout(buf):
+        with pytest.raises(SystemExit):
+            module.main()
+    return json.loads(buf.getvalue())
+
+
+def test_a_reload_keeps_drained_and_maintained_servers_out_of_rotation(tmp_path):
+    """Issue 38: HAProxy in master-worker mode (as its unit runs it). A plain reload (USR2 to the master) puts a drained
+    server back in rotation; frontdoor_reload carries DRAIN and MAINT over to the new process, by server name, and
+    reports a saved server the new configuration no longer has."""
+    from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
+        runtime_command, server_states)
+    from ansible_collections.inferops.vllm.plugins.modules import frontdoor_reload  # pylint: disable=import-outside-toplevel
+    servers = {name: _Anything() for name in ("a", "b", "c")}
+    port, sock, cfg = _free_port(), str(tmp_path / "admin.sock"), tmp_path / "fd.cfg"
+
+    def write(names):
+        models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port)}
+        p = plan([{"name": n, "model": "tiny", "port": servers[n].port} for n in names], models,
+                 vllm_frontdoor_metrics_port=0)
+        cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / "keys"),
+                              vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=sock,
+                              vllm_frontdoor_check_interval="200ms"))
+
+    def states():
+        return {k.split("/")[1]: v["status"] for k, v in server_states(runtime_command(sock, "show stat")).items()}
+
+    def until(pred):
+        for _attempt in range(100):
+            try:
+                got = states()
+                if pred(got):
+                    return got
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(states())
+
+    write(["a", "b", "c"])
+    proc = subprocess.Popen([HAPROXY, "-W", "-db", "-f", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_up(port, ALICE)
+        until(lambda s: s == {"a": "UP", "b": "UP", "c": "UP"})
+        runtime_command(sock, "set server tiny/a state drain")
+        until(lambda s: s["a"] == "DRAIN")
+        os.kill(proc.pid, 12)  # SIGUSR2: what the unit's ExecReload sends; the drain is lost
+        until(lambda s: s["a"] == "UP")
+
+        runtime_command(sock, "set server tiny/a state drain")
+        runtime_command(sock, "set server tiny/c state maint")
+        until(lambda s: s["a"] == "DRAIN" and s["c"] == "MAINT")
+        write(["a", "b"])  # c leaves the configuration
+        res = _run_module(frontdoor_reload, {"unit": "unused.service", "socket": sock, "timeout": 20,
+                                             "reload_argv": ["kill", "-USR2", str(proc.pid)]})
+        assert not res.get("failed"), res
+        assert res["pid_after"] and res["pid_after"] != res["pid_before"], res
+        assert res["kept"] == [{"server": "tiny/a", "state": "drain"}] and res["gone"] == ["tiny/c"], res
+        assert until(lambda s: "c" not in s) == {"a": "DRAIN", "b": "UP"}
+        seen = len(servers["a"].seen)
+        for _ in range(4):
+            assert edge_probe.send("127.0.0.1", port, "POST", b"/v1/completions", "HTTP/1.1",
+                                   [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] == 200
+        assert len(servers["a"].seen) == seen, "the drained server got no request after the reload"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        for server in servers.values():
+            server.close()

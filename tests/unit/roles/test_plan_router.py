@@ -227,3 +227,36 @@ def test_two_router_hosts_back_each_other_up_through_their_front_doors():
     with pytest.raises(PlanContractError) as err:
         plan("mn-0", hv)
     assert "host mn-1: it runs a router of 'tiny' too, but its front door listens on 127.0.0.1" in str(err.value)
+
+
+def test_a_worker_is_listed_at_the_port_its_own_hosts_plan_gives_it():
+    """Issue 39's shape: a-1..a-3 share group vars with a multi-node instance `big` (2 hosts of group gpu, no port)
+    before `solo` (no port); a-3 is not among big's hosts, so its own plan drops big and puts solo on the base port.
+    The router lists each host's solo where that host's plan puts it, never counting an instance the plan dropped."""
+    big = {"name": "big", "model": "tiny", "nodes": {"group": "gpu", "count": 2}, "tensor_parallel_size": 1,
+           "pipeline_parallel_size": 2, "master_port": 29511, "numa_node": 0, "gpu_memory_utilization": 0.5}
+    solo = {"name": "solo", "model": "tiny", "numa_node": 1, "gpu_memory_utilization": 0.5}
+    names = ["a-1", "a-2", "a-3"]
+    hv = {}
+    for pos, host in enumerate(names):
+        hv[host] = {"group_names": ["gpu"] + (["vllm_routers"] if pos == 0 else []),
+                    "vllm_models": MODELS, "vllm_instances": [big, solo], "vllm_service_host": "0.0.0.0",
+                    "vllm_service_network_interface": "eth0",
+                    "ansible_facts": {"interfaces": ["lo", "eth0"], "gpus": host_facts(SHAPE)["gpus"],
+                                      "eth0": {"device": "eth0", "ipv4": {"address": f"10.88.0.{pos + 5}",
+                                                                          "netmask": "255.255.0.0"}}}}
+    groups = {"all": names, "gpu": names, "vllm_routers": ["a-1"]}
+    view = vllm_fleet_view(hv, names, names, groups=groups)
+    plans = {}
+    for host in names:
+        inputs = {k: v for k, v in hv[host].items() if k.startswith("vllm_service_") or k.startswith("vllm_router_")}
+        plans[host] = build_plan(MODELS, [big, solo], host_facts(SHAPE), inputs, host=host, fleet=view)
+    assert [i["name"] for i in plans["a-3"]["instances"]] == ["solo"]
+    (router,) = plans["a-1"]["routers"]
+    for worker in router["workers"]:
+        (inst,) = [i for i in plans[worker["host"]]["instances"] if i["name"] == worker["instance"]]
+        assert worker["url"].rsplit(":", 1)[1] == str(inst["port"]), (worker, inst["port"])
+    assert [w["url"] for w in router["workers"]] == ["http://127.0.0.1:8001", "http://10.88.0.6:8001",
+                                                     "http://10.88.0.7:8000"]
+    (rw,) = plans["a-3"]["router_workers"]
+    assert rw["worker_url"] == "http://10.88.0.7:8000"
