@@ -50,7 +50,8 @@ def server_states(show_stat):
     ``# pxname,svname,...`` (field positions differ between HAProxy versions; the header names them). Each
     server maps to ``backend``, ``server``, ``status`` (UP, DOWN, DRAIN, MAINT, "UP 1/3", ...), ``check_status``
     (the last health check: L7OK, L4CON, ...; "" when none ran), ``sessions_total`` (requests it was sent,
-    an int) and ``sessions_current`` (requests it runs now, through this front door). The FRONTEND and BACKEND summary rows are left out. Empty input gives ``{}``; input that is not
+    an int) and ``sessions_current`` (requests it runs now, through this front door). The FRONTEND and BACKEND
+    summary rows are left out. Empty input gives ``{}``; input that is not
     ``show stat`` output (an error of the socket) raises ValueError quoting its first line.
     """
     lines = show_stat.splitlines() if isinstance(show_stat, str) else list(show_stat or [])
@@ -83,7 +84,7 @@ def admin_states(servers):
     of rotation (``set server ... state drain|maint``); a server that is only DOWN (its checks fail) is not one."""
     out = {}
     for name, server in (servers or {}).items():
-        state = _ADMIN.get(str(server.get("status", "")).split(" ")[0])
+        state = _ADMIN.get(str(server.get("status", "")).split(" ", maxsplit=1)[0])
         if state:
             out[name] = state
     return out

@@ -100,8 +100,8 @@ options:
       - The RV(tree_digest) that the snapshot's listing must have (sha256 of the selected files' sizes, git oids and
         LFS sha256s). The fan-out hands on the digest the tree's root got, so a host copying from a mirror refuses
         any other listing, before it writes anything (a directory it created is removed again).
-      - Implies O(verify=sha256) for the files it fetches and checks: the listing is only worth its digest if
-        every file is checked against it.
+      - Implies O(verify=sha256) for the files it fetches and checks (the listing is only worth its digest if
+        every file is checked against it).
     type: str
   reverify:
     description: Hash (with O(verify=sha256)) or size-check every file again, ignoring the recorded state.

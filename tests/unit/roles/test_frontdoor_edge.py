@@ -252,7 +252,7 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
         def completions(n):
             seen_a, seen_b = len(router_a.seen), len(router_b.seen)
             statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
-                                        [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _ in range(n)]
+                                        [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _n in range(n)]
             return statuses, len(router_a.seen) - seen_a, len(router_b.seen) - seen_b
 
         assert completions(5) == ([200] * 5, 5, 0)
@@ -315,7 +315,7 @@ def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
         _wait_up(door_b, INSTANCE_KEY)
         _wait_up(door_a, INSTANCE_KEY)
         statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
-                                    [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _ in range(12)]
+                                    [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _n in range(12)]
         assert statuses == [200] * 12, statuses
         assert router_a.count == 6, "the request it died on was its sixth"
         assert len([s for s in router_b.seen if s[1] == "/v1/completions"]) == 7, "the backup took the rest, and that one"
@@ -391,7 +391,7 @@ def test_a_reload_keeps_drained_and_maintained_servers_out_of_rotation(tmp_path)
         assert res["kept"] == [{"server": "tiny/a", "state": "drain"}] and res["gone"] == ["tiny/c"], res
         assert until(lambda s: "c" not in s) == {"a": "DRAIN", "b": "UP"}
         seen = len(servers["a"].seen)
-        for _ in range(4):
+        for _n in range(4):
             assert edge_probe.send("127.0.0.1", port, "POST", b"/v1/completions", "HTTP/1.1",
                                    [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] == 200
         assert len(servers["a"].seen) == seen, "the drained server got no request after the reload"

@@ -60,11 +60,11 @@ _name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-.", min_size=1, 
 _status = st.sampled_from(["UP", "DOWN", "DRAIN", "MAINT", "NOLB", "UP 1/3", "DOWN 1/2", "no check"])
 _check = st.sampled_from(["", "L7OK", "L4CON", "L7STS", "L4TOUT", "INI"])
 _extra = ["qcur", "weight", "act", "lastchg", "rate", "hrsp_2xx", "agent_status", "srv_icur"]
+_row = st.tuples(_status, _check, st.integers(0, 10**9), st.integers(0, 10**4))
 
 
 @settings(max_examples=200, deadline=None)
-@given(servers=st.dictionaries(st.tuples(_name, _name), st.tuples(_status, _check, st.integers(0, 10**9),
-                                                                   st.integers(0, 10**4)), max_size=8),
+@given(servers=st.dictionaries(st.tuples(_name, _name), _row, max_size=8),
        order=st.permutations(["pxname", "svname", "status", "check_status", "stot", "scur"] + _extra),
        summaries=st.booleans())
 def test_any_column_order_any_servers(servers, order, summaries):
