@@ -50,7 +50,8 @@ def server_states(show_stat):
     ``# pxname,svname,...`` (field positions differ between HAProxy versions; the header names them). Each
     server maps to ``backend``, ``server``, ``status`` (UP, DOWN, DRAIN, MAINT, "UP 1/3", ...), ``check_status``
     (the last health check: L7OK, L4CON, ...; "" when none ran), ``sessions_total`` (requests it was sent,
-    an int) and ``sessions_current`` (requests it runs now, through this front door). The FRONTEND and BACKEND
+    an int), ``sessions_current`` (requests it runs now, through this front door) and ``address`` (``addr``:
+    ``<ip>:<port>``, "" when the version shows none). The FRONTEND and BACKEND
     summary rows are left out. Empty input gives ``{}``; input that is not
     ``show stat`` output (an error of the socket) raises ValueError quoting its first line.
     """
@@ -70,7 +71,7 @@ def server_states(show_stat):
         servers[f"{row['pxname']}/{row['svname']}"] = {
             "backend": row["pxname"], "server": row["svname"], "status": row.get("status", ""),
             "check_status": row.get("check_status", ""), "sessions_total": int(total) if total.isdigit() else 0,
-            "sessions_current": int(current) if current.isdigit() else 0,
+            "sessions_current": int(current) if current.isdigit() else 0, "address": row.get("addr", ""),
         }
     return servers
 

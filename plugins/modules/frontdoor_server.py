@@ -47,6 +47,16 @@ options:
       - The instance's base URL (C(http://127.0.0.1:8000)); with O(state=drain) its C(/metrics) is polled until
         C(vllm:num_requests_running) plus C(vllm:num_requests_waiting) is 0. Without it, a drain does not wait.
     type: str
+  address:
+    description:
+      - With O(state=ready), the address (an IP) the server must have, set over the runtime API before it is put back
+        (C(set server ... addr ... port ...)) when it differs. A plan change that moves an instance to another port
+        or address restarts it there; the front door's configuration follows later in the run (its reload keeps
+        the address), but the put-back must already reach the instance where it listens now.
+    type: str
+  port:
+    description: With O(address), the server's port.
+    type: int
   wait_sessions:
     description:
       - With O(state=drain), also wait until HAProxy's own count of the requests the server runs through this front
@@ -93,6 +103,16 @@ before:
   returned: always
   type: str
   sample: UP
+moved:
+  description: With O(address), whether the server's address or port was changed before it was put back.
+  returned: when O(address) is given
+  type: bool
+  sample: true
+address_before:
+  description: With O(address), the server's C(<ip>:<port>) before the call.
+  returned: when O(address) is given
+  type: str
+  sample: 127.0.0.1:8001
 status:
   description: The server's status when the call ended.
   returned: always
@@ -140,6 +160,25 @@ def _status(module, path, name):
     return True, server["status"], server["check_status"]
 
 
+def _address(module, path, name):
+    """The server's ``<ip>:<port>`` as HAProxy shows it now."""
+    try:
+        servers = server_states(runtime_command(path, "show stat"))
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
+    return (servers.get(name) or {}).get("address", "")
+
+
+def _command(module, path, command):
+    """A runtime API command that answers something on success (``set server ... addr``): fail on an error."""
+    try:
+        answer = runtime_command(path, command).strip()
+    except OSError as exc:
+        module.fail_json(msg=f"front door runtime API {path}: `{command}` failed: {exc}")
+    if answer and not answer.lower().startswith(("ip changed", "port changed", "no need to change")):
+        module.fail_json(msg=f"front door runtime API {path}: `{command}` answered: {answer}")
+
+
 def _set(module, path, name, state):
     try:
         answer = runtime_command(path, f"set server {name} state {state}").strip()
@@ -176,9 +215,12 @@ def main():
             "state": {"type": "str", "required": True, "choices": ["drain", "ready"]},
             "wait_url": {"type": "str"},
             "wait_sessions": {"type": "bool", "default": False},
+            "address": {"type": "str"},
+            "port": {"type": "int"},
             "timeout": {"type": "int", "default": 60},
             "interval": {"type": "float", "default": 1.0},
         },
+        required_together=[("address", "port")],
         supports_check_mode=True,
     )
     path, state = module.params["socket"], module.params["state"]
@@ -201,9 +243,18 @@ def main():
     if state == "drain":
         result["changed"] = before != "DRAIN"
     else:
-        result["changed"] = before.split(" ")[0] in _ADMIN_OUT
+        result["changed"] = before.split(" ", maxsplit=1)[0] in _ADMIN_OUT
+    want = None
+    if state == "ready" and module.params["address"]:
+        host = module.params["address"]
+        want = f"[{host}]:{module.params['port']}" if ":" in host else f"{host}:{module.params['port']}"
+        result["address_before"] = _address(module, path, name)
+        result["moved"] = result["address_before"] != want
+        result["changed"] = result["changed"] or result["moved"]
     if module.check_mode:
         module.exit_json(**result)
+    if want and result["moved"]:
+        _command(module, path, f"set server {name} addr {module.params['address']} port {module.params['port']}")
     if result["changed"] or state == "ready":
         _set(module, path, name, state)
 

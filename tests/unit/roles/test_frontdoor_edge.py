@@ -400,3 +400,38 @@ def test_a_reload_keeps_drained_and_maintained_servers_out_of_rotation(tmp_path)
         proc.wait(timeout=10)
         for server in servers.values():
             server.close()
+
+
+def test_a_server_put_back_at_a_new_port_gets_the_requests_there(tmp_path):
+    """Issue 38, a plan change that moves an instance: it was drained at its old port and restarted on a new one;
+    frontdoor_server (state ready, address and port from the new plan) moves the server before it puts it back and
+    waits until HAProxy's checks see it UP at the new port, where the requests then go."""
+    from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
+        runtime_command, server_states)
+    from ansible_collections.inferops.vllm.plugins.modules import frontdoor_server  # pylint: disable=import-outside-toplevel
+    old, new = _Anything(), _Anything()
+    port, sock, cfg = _free_port(), str(tmp_path / "admin.sock"), tmp_path / "fd.cfg"
+    models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port)}
+    p = plan([{"name": "a", "model": "tiny", "port": old.port}], models, vllm_frontdoor_metrics_port=0)
+    cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / "keys"),
+                          vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=sock, vllm_frontdoor_check_interval="200ms"))
+    proc = _start(cfg)
+    try:
+        _wait_up(port, ALICE)
+        args = {"socket": sock, "backend": "tiny", "server": "a", "timeout": 20, "interval": 0.2}
+        assert _run_module(frontdoor_server, dict(args, state="drain"))["status"] == "DRAIN"
+        old.close()  # the instance stops at its old port and starts at the new one
+        res = _run_module(frontdoor_server, dict(args, state="ready", address="127.0.0.1", port=new.port))
+        assert not res.get("failed") and res["moved"] and res["status"] == "UP", res
+        assert res["address_before"] == f"127.0.0.1:{old.port}"
+        assert server_states(runtime_command(sock, "show stat"))["tiny/a"]["address"] == f"127.0.0.1:{new.port}"
+        for _n in range(3):
+            assert edge_probe.send("127.0.0.1", port, "POST", b"/v1/completions", "HTTP/1.1",
+                                   [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] == 200
+        assert len([s for s in new.seen if s[1] == "/v1/completions"]) == 3
+        again = _run_module(frontdoor_server, dict(args, state="ready", address="127.0.0.1", port=new.port))
+        assert not again["changed"] and not again["moved"], again
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        new.close()

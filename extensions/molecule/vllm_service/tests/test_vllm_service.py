@@ -852,10 +852,13 @@ TRANSITIONS = [
     ("swap-numa-nodes-and-another-model-under-beta",
      {"alpha": {"numa_node": 1}, "beta": {"numa_node": 0, "model": "tiny-b"}}, {"tiny-b": TINY_B},
      ["stop vllm-beta", "restart+gate vllm-alpha", "restart+gate vllm-beta"], ["tiny"]),
-    ("exclusive-to-shared", {"alpha": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"]},
+    # alpha also moves to an explicit port (issue 38: the front door follows it before the put-back)
+    ("exclusive-to-shared", {"alpha": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"],
+                                       "port": 8010},
                              "beta": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"]}}, None,
      ["restart+gate vllm-beta", "restart+gate vllm-alpha"], []),
-    # issue 23's stuck node: both on GPU 0, back to one instance per NUMA node (beta back to model tiny)
+    # issue 23's stuck node: both on GPU 0, back to one instance per NUMA node (beta back to model tiny; alpha back
+    # to its automatic port)
     ("shared-to-exclusive", {}, None, ["restart+gate vllm-beta", "restart+gate vllm-alpha"], []),
     # alpha grows to TP 2 onto beta's GPU 2 while beta is renamed gamma and moves to GPU 1; the two ranks
     # share NUMA node 1's one CPU of this container
@@ -921,6 +924,12 @@ def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes
         "journalctl -u inferops-vllm-watchdog.service --no-pager -n 20").stdout)
     for inst in on_host["instances"]:
         assert f'inferops_instance_up{{unit="{inst["unit"]}",vllm_instance="{inst["name"]}"}} 1' in text, text
+    # every front door server where the new plan puts its instance, UP (a moved port followed before the put-back)
+    servers = haproxy_servers(haproxy(host, "show stat"))
+    for fd in on_host["frontdoors"]:
+        for be in fd["backends"]:
+            got = servers[f"{fd['name']}/{be['instance']}"]
+            assert (got["address"], got["status"]) == (f"{be['address']}:{be['port']}", "UP"), (fd["name"], got)
     active = {i["unit"] for i in on_host["instances"]}
     for unit in units.split():
         assert (show(host, unit, "ActiveState") == "active") == (unit in active), unit
