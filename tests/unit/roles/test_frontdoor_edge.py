@@ -32,7 +32,7 @@ class _Anything:
     """Answers 200 with a JSON body to every method and path (a server that leaves every route open), and records
     (method, path, Authorization) of each request it gets."""
 
-    def __init__(self):
+    def __init__(self, port=0):
         owner = self
         self.seen = []
 
@@ -57,7 +57,7 @@ class _Anything:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.handle_error = lambda *_args: None  # a client that hung up early (HEAD) is no error here
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -435,3 +435,58 @@ def test_a_server_put_back_at_a_new_port_gets_the_requests_there(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         new.close()
+
+
+def test_two_front_doors_that_back_each_other_up_never_pass_a_request_back_and_forth(tmp_path):
+    """Issue 38, found in Molecule: doors A and B each list the other as the backup of their own router. With both
+    routers down (the first deployment: the front doors start before the routers), a request or a health check that A
+    sent to B went back to A, and so on, until 4096 sessions filled both listeners and nothing was accepted. A request
+    one door sends on says so (X-Inferops-Hop), and the other answers it from its own router only: with both routers
+    down a client gets a 503 at once, the backups come UP once the routers run, and a dead router fails over."""
+    from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
+        runtime_command, server_states)
+    ports = {"a": _free_port(), "b": _free_port()}
+    doors = {"a": _free_port(), "b": _free_port()}
+    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+    procs, routers = [], {}
+
+    def stat(name):
+        return server_states(runtime_command(str(tmp_path / f"{name}.sock"), "show stat"))
+
+    def post(name):
+        start = time.monotonic()
+        status = edge_probe.send("127.0.0.1", doors[name], "POST", b"/v1/completions", "HTTP/1.1",
+                                 [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0]
+        return status, time.monotonic() - start
+
+    try:
+        for name, other in (("a", "b"), ("b", "a")):
+            p = dict(base, frontdoors=[_router_door(name, doors[name], ports[name], doors[other])])
+            cfg = tmp_path / f"{name}.cfg"
+            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
+                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
+                                  vllm_frontdoor_check_interval="200ms"))
+            procs.append(_start(cfg))
+        time.sleep(3)
+        for name in doors:
+            status, took = post(name)
+            assert status == 503 and took < 5, (name, status, took)
+        assert all(s["sessions_current"] < 5 for n in doors for s in stat(n).values()), [stat(n) for n in doors]
+        routers = {name: _Anything(port=ports[name]) for name in doors}
+        for _attempt in range(100):
+            if all(s["status"] == "UP" for n in doors for s in stat(n).values()):
+                break
+            time.sleep(0.1)
+        assert all(s["status"] == "UP" for n in doors for s in stat(n).values()), [stat(n) for n in doors]
+        assert [post("a")[0] for _n in range(3)] == [200] * 3
+        assert len([r for r in routers["a"].seen if r[1] == "/v1/completions"]) == 3
+        routers.pop("a").close()
+        assert [post("a")[0] for _n in range(5)] == [200] * 5, "the backup, door B, answers from router B"
+        assert len([r for r in routers["b"].seen if r[1] == "/v1/completions"]) == 5
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        for router in routers.values():
+            router.close()
