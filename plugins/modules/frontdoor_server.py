@@ -57,6 +57,15 @@ options:
   port:
     description: With O(address), the server's port.
     type: int
+  standby:
+    description:
+      - With O(state=drain), other servers of O(backend) of which one must be C(UP) before the server is drained (a
+        router's backups, the other router hosts' front doors): the drain waits for one, up to O(timeout) seconds,
+        and fails naming their states when none comes UP, draining nothing. Without it a drain could leave the
+        backend no server while the other router host's front door, just restarted itself, was not UP here yet.
+    type: list
+    elements: str
+    default: []
   wait_sessions:
     description:
       - With O(state=drain), also wait until HAProxy's own count of the requests the server runs through this front
@@ -179,6 +188,25 @@ def _command(module, path, command):
         module.fail_json(msg=f"front door runtime API {path}: `{command}` answered: {answer}")
 
 
+def _wait_standby(module, path, backend, standby, timeout, interval, name):
+    """Wait until one of ``standby`` (servers of ``backend``) is UP; fail naming their states when none comes UP."""
+    start = time.monotonic()
+    while True:
+        try:
+            servers = server_states(runtime_command(path, "show stat"))
+        except (OSError, ValueError) as exc:
+            module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
+        states = {s: (servers.get(f"{backend}/{s}") or {}).get("status", "missing") for s in standby}
+        if any(v == "UP" for v in states.values()):
+            return
+        if time.monotonic() - start >= timeout:
+            module.fail_json(msg=f"not draining {name}: none of the servers that would take its requests is UP "
+                                 f"after {timeout} s (" + ", ".join(f"{s} is {v}" for s, v in sorted(states.items()))
+                                 + "); draining it would leave the front door no server. Bring one of them back "
+                                   "(its router and its front door) and re-run.")
+        time.sleep(interval)
+
+
 def _set(module, path, name, state):
     try:
         answer = runtime_command(path, f"set server {name} state {state}").strip()
@@ -215,6 +243,7 @@ def main():
             "state": {"type": "str", "required": True, "choices": ["drain", "ready"]},
             "wait_url": {"type": "str"},
             "wait_sessions": {"type": "bool", "default": False},
+            "standby": {"type": "list", "elements": "str", "default": []},
             "address": {"type": "str"},
             "port": {"type": "int"},
             "timeout": {"type": "int", "default": 60},
@@ -253,6 +282,8 @@ def main():
         result["changed"] = result["changed"] or result["moved"]
     if module.check_mode:
         module.exit_json(**result)
+    if state == "drain" and result["changed"] and module.params["standby"]:
+        _wait_standby(module, path, module.params["backend"], module.params["standby"], timeout, interval, name)
     if want and result["moved"]:
         _command(module, path, f"set server {name} addr {module.params['address']} port {module.params['port']}")
     if result["changed"] or state == "ready":

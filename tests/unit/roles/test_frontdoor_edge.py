@@ -261,6 +261,23 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
         assert completions(5) == ([200] * 5, 0, 5), "a drained router gets nothing, the backup takes it all"
         assert runtime_command(sock, "set server _router_tiny/router state ready").strip() == ""
         assert completions(5) == ([200] * 5, 5, 0)
+
+        # the router role's drain (frontdoor_server, standby = the backups): only once a backup is UP here
+        from ansible_collections.inferops.vllm.plugins.modules import frontdoor_server  # pylint: disable=import-outside-toplevel
+        args = {"socket": sock, "backend": "_router_tiny", "server": "router", "timeout": 3, "interval": 0.2,
+                "standby": ["router_other"], "wait_sessions": True}
+        res = _run_module(frontdoor_server, dict(args, state="drain"))
+        assert not res.get("failed") and res["status"] == "DRAIN", res
+        assert not _run_module(frontdoor_server, dict(args, state="ready")).get("failed")
+        router_b.close()  # door B's router dies: door B fails A's checks, the backup goes DOWN
+        for _attempt in range(100):
+            if server_states(runtime_command(sock, "show stat"))["_router_tiny/router_other"]["status"] == "DOWN":
+                break
+            time.sleep(0.1)
+        res = _run_module(frontdoor_server, dict(args, state="drain"))
+        assert res.get("failed") and "not draining _router_tiny/router" in res["msg"], res
+        assert "router_other is DOWN" in res["msg"], res["msg"]
+        assert server_states(runtime_command(sock, "show stat"))["_router_tiny/router"]["status"] == "UP"
     finally:
         for proc in procs:
             proc.terminate()

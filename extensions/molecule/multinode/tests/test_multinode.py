@@ -328,11 +328,16 @@ def test_the_router_on_mn0_routes_to_the_solo_instance_of_both_hosts(hosts, plan
         (RANK0, "solo", f"http://127.0.0.1:{solo[RANK0]['port']}"),
         (RANK1, "solo", f"http://{eth0(hosts[RANK1])}:{solo[RANK1]['port']}")]
     assert router["listen"]["address"] == "127.0.0.1" and router["policy"] == "cache_aware"
-    assert plans[RANK1]["routers"] == []
+    # the second router (issue 38), on mn-1, over the same workers: mn-0's solo at mn-0's address (it listens on
+    # every address there), mn-1's own on loopback
+    (other,) = plans[RANK1]["routers"]
+    assert [(w["host"], w["url"]) for w in other["workers"]] == [
+        (RANK0, f"http://{eth0(hosts[RANK0])}:{solo[RANK0]['port']}"),
+        (RANK1, f"http://127.0.0.1:{solo[RANK1]['port']}")]
     for name in hosts:
-        (entry,) = plans[name]["router_workers"]
-        assert entry["router_host"] == RANK0 and entry["instance"] == "solo"
-        assert entry["wave"] == (0 if name == RANK0 else 1)
+        entries = plans[name]["router_workers"]
+        assert sorted(e["router_host"] for e in entries) == [RANK0, RANK1]
+        assert all(e["instance"] == "solo" and e["wave"] == (0 if name == RANK0 else 1) for e in entries), entries
     listed = json.loads(router_get(hosts, router, "/list_workers"))["urls"]
     assert sorted(listed) == sorted(w["url"] for w in router["workers"])
     body = {"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 4}
@@ -626,6 +631,8 @@ def test_the_router_role_restarts_two_routers_one_host_at_a_time_and_loses_no_re
     a client through each host's front door. The router role restarts them one host at a time: mn-0's router drained
     at its front door (the backup serves), restarted, put back UP, then mn-1's. No request fails through either door;
     the two restarts are seconds apart (the first router's liveness and the front door's rise in between)."""
+    level = "debug" if "--log-level info" in hosts[RANK0].file(f"/etc/systemd/system/{ROUTER_UNIT}").content_string \
+        else "info"  # whatever the units have now, another one
     started = {name: router_started(h) for name, h in hosts.items()}
     start_clients(hosts, clients=1, pause=0.5, door=RANK0)
     start_clients(hosts, clients=1, pause=0.5, door=RANK1)
@@ -633,7 +640,7 @@ def test_the_router_role_restarts_two_routers_one_host_at_a_time_and_loses_no_re
         time.sleep(3)
         rc, out, seconds = playbook([{"hosts": "vllm_nodes", "gather_facts": False,
                                       "roles": ["inferops.vllm.vllm_preflight", "inferops.vllm.vllm_router"]}],
-                                    "-e", "vllm_router_log_level=info")
+                                    "-e", f"vllm_router_log_level={level}")
         time.sleep(3)
     finally:
         records = {door: stop_clients(hosts, door=door) for door in (RANK0, RANK1)}
