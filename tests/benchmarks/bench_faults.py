@@ -8,7 +8,8 @@ client host sends a real OpenAI completion every --pause seconds, each on a new 
 host's front door (its router_port); then, one after another:
 
 * worker SIGKILL: the main process of a worker on the client host (systemd restarts it); out = the router counts it
-  unhealthy (vllm_router_worker_health 0), back = healthy again;
+  unhealthy (vllm_router_worker_health 0), back = healthy again (the client stops 20 s after out: on a 2-core
+  machine its load starves vLLM's restart);
 * worker SIGSTOP: the same worker frozen for --freeze seconds, then SIGCONT; out and back as above;
 * front door reload: `systemctl reload` of the router host's front door (HAProxy's seamless reload);
 * router SIGKILL: the router host's router (systemd restarts it); out = its front door marks it DOWN (or the kill
@@ -19,8 +20,8 @@ host's front door (its router_port); then, one after another:
     python tests/benchmarks/bench_faults.py [--router-host inferops-mn-0] [--client-host inferops-mn-1]
         [--model tiny] [--served tiny-llama] [--worker solo] [--pause 1.0] [--freeze 20] [--faults a,b,...]
 
-Printed per fault: requests in the window (from the fault to the end of recovery plus 5 s), failed, the errors,
-seconds to out and back. Measured figures: docs/operate.md, "The router".
+Printed per fault: requests in the window (from a second before the fault to the end of recovery plus 5 s, or to
+the client's stop), failed, the errors, seconds to out and back. Each fault starts from a healthy fleet. Measured figures: docs/operate.md, "The router".
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def main(argv=None):
     rhost, chost = args.router_host, args.client_host
     (router,) = [r for r in plan(rhost)["routers"] if r["model"] == args.model]
     (worker,) = [w for w in router["workers"] if w["host"] == chost and w["instance"] == args.worker]
-    address = sh(chost, f"getent hosts {rhost} | cut -d' ' -f1")
+    address = sh(rhost, "ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1")
     url = f"http://{address}:{router['port']}/v1"
     unit = next(i["unit"] for i in plan(chost)["instances"] if i["name"] == args.worker)
 
@@ -126,14 +127,25 @@ def main(argv=None):
           f"one client, a completion every {args.pause} s on a new connection")
     rows = []
     for fault in [f for f in args.faults.split(",") if f]:
+        # every fault starts from a healthy fleet: the worker back in the router's rotation, the router UP
+        if wait_for(lambda: health() == 1.0 and door() == "UP", 900, 2.0) is None:
+            raise SystemExit(f"before {fault}: the worker or the router is not back after 900 s")
         start_clients(chost, url, args.served, args.pause, args.key)
         time.sleep(5)
         t0 = time.time()
+        baseline = [json.loads(line) for line in sh(chost, f"cat {LOG}", check=False).splitlines() if line.strip()]
+        if not any(r["ok"] for r in baseline):
+            stop_clients(chost)
+            raise SystemExit(f"the client gets no answer before any fault: {baseline[:1]}")
         out_at = back_at = None
+        records = None
         if fault == "worker-sigkill":
             sh(chost, f"kill -KILL $(systemctl show --property=MainPID --value {unit})")
             out_at = wait_for(lambda: health() == 0.0, 60)
-            back_at = wait_for(lambda: health() == 1.0, 600, 1.0)
+            # the client stops 20 s after the worker is out: on a 2-core machine its load starves vLLM's restart
+            time.sleep(20)
+            records = stop_clients(chost)
+            back_at = wait_for(lambda: health() == 1.0, 900, 1.0)
         elif fault == "worker-sigstop":
             pid = sh(chost, f"systemctl show --property=MainPID --value {unit}")
             sh(chost, f"kill -STOP {pid}")
@@ -153,8 +165,9 @@ def main(argv=None):
             back_at = wait_for(lambda: door() == "UP" and time.time() > t0 + 2, 120)
         else:
             raise SystemExit(f"unknown fault {fault}; one of {', '.join(FAULTS)}")
-        time.sleep(5)
-        records = stop_clients(chost)
+        if records is None:
+            time.sleep(5)
+            records = stop_clients(chost)
         window = [r for r in records if r["t"] >= t0 - 1]
         failed = [r for r in window if not r["ok"]]
         row = {"fault": fault, "requests": len(window), "failed": len(failed),
