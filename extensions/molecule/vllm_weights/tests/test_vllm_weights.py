@@ -371,7 +371,7 @@ def test_a_squatter_on_the_mirror_port_is_refused_by_every_copying_host():
         h1.check_output(f"for i in $(seq 50); do curl -sf http://{address(H1)}:8973/_mirror/stats && exit 0; "
                         "sleep 0.2; done; exit 1")
         squatter_pid = h1.check_output("systemctl show -p MainPID --value molecule-squatter").strip()
-        rc, out, _s, _f = converge(vllm_weights_fanout_stall_timeout=15)
+        rc, out, _s, _f = converge(vllm_weights_fanout_stall_timeout=10, vllm_weights_retries=0)
         counts = recap(out)
         text = squeeze(out)
         assert rc != 0 and all(counts[h]["failed"] == 1 for h in (H1, H2, H3)), (counts, text[-4000:])
