@@ -60,7 +60,7 @@ options:
   standby:
     description:
       - With O(state=drain), other servers of O(backend) of which one must be C(UP) before the server is drained (a
-        router's backups, the other router hosts' front doors): the drain waits for one, up to O(timeout) seconds,
+        router's backups, the other router hosts' front doors). The drain waits for one, up to O(timeout) seconds,
         and fails naming their states when none comes UP, draining nothing. Without it a drain could leave the
         backend no server while the other router host's front door, just restarted itself, was not UP here yet.
     type: list
