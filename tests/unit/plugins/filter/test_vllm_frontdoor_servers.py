@@ -79,7 +79,7 @@ def test_any_column_order_any_servers(servers, order, summaries):
             lines.append(",".join({"pxname": backend, "svname": "BACKEND", "status": "UP"}.get(c, "") for c in head))
     got = server_states("\n".join(lines) + "\n")
     assert got == {f"{b}/{s}": {"backend": b, "server": s, "status": st_, "check_status": c, "sessions_total": t,
-                                "sessions_current": cur}
+                                "sessions_current": cur, "address": ""}
                    for (b, s), (st_, c, t, cur) in servers.items()}
 
 
