@@ -186,6 +186,17 @@ def _router_door(name, port, router_port, backup=None):
             "url": f"http://127.0.0.1:{port}", "edge": edge_policy({}, router=True), "backends": backends}
 
 
+def _backup_up(sock, server="router_other", backend="_router_tiny"):
+    """Wait until a backup server rose in a front door's checks (slower on a loaded machine)."""
+    from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
+        runtime_command, server_states)
+    for _attempt in range(200):
+        if server_states(runtime_command(sock, "show stat"))[f"{backend}/{server}"]["status"] == "UP":
+            return
+        time.sleep(0.1)
+    raise AssertionError(server_states(runtime_command(sock, "show stat")))
+
+
 def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without_a_failed_request(tmp_path):
     """Issue 38: two router hosts, each front door with its own router first and the other host's front door as a
     backup. The router behind door A dies under a client sending a completion every 50 ms through A: its first
@@ -210,6 +221,7 @@ def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without
         # B's /liveness answers A's checks without a key; anything else there still needs one
         assert edge_probe.send("127.0.0.1", door_b, "GET", b"/liveness", "HTTP/1.1", [], None, 5)[0] == 200
         assert edge_probe.send("127.0.0.1", door_b, "GET", b"/readiness", "HTTP/1.1", [], None, 5)[0] == 401
+        _backup_up(str(tmp_path / "a.sock"))
         statuses, seen_b = [], len(router_b.seen)
         for n in range(60):
             if n == 20:
@@ -331,10 +343,11 @@ def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
             cfg = tmp_path / f"{name}.cfg"
             cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
                                   vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
-                                  vllm_frontdoor_check_interval="5s"))
+                                  vllm_frontdoor_check_interval="1s"))
             procs.append(_start(cfg))
         _wait_up(door_b, INSTANCE_KEY)
         _wait_up(door_a, INSTANCE_KEY)
+        _backup_up(str(tmp_path / "a.sock"))
         statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
                                     [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _n in range(12)]
         assert statuses == [200] * 12, statuses
