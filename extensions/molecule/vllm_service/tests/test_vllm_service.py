@@ -852,10 +852,12 @@ TRANSITIONS = [
     ("swap-numa-nodes-and-another-model-under-beta",
      {"alpha": {"numa_node": 1}, "beta": {"numa_node": 0, "model": "tiny-b"}}, {"tiny-b": TINY_B},
      ["stop vllm-beta", "restart+gate vllm-alpha", "restart+gate vllm-beta"], ["tiny"]),
-    # alpha also moves to an explicit port (issue 38: the front door follows it before the put-back)
+    # alpha also moves to an explicit port (issue 38: the front door follows it before the put-back); beta's port is
+    # pinned where it is, else its automatic port would shift onto alpha's old one (issue 39: ports do not stay put)
     ("exclusive-to-shared", {"alpha": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"],
                                        "port": 8010},
-                             "beta": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"]}}, None,
+                             "beta": {"gpus": [0], "gpu_memory_utilization": 0.45, "_drop": ["numa_node"],
+                                      "port": 8001}}, None,
      ["restart+gate vllm-beta", "restart+gate vllm-alpha"], []),
     # issue 23's stuck node: both on GPU 0, back to one instance per NUMA node (beta back to model tiny; alpha back
     # to its automatic port)
