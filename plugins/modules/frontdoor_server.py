@@ -157,13 +157,18 @@ from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime impo
 _ADMIN_OUT = ("DRAIN", "MAINT", "NOLB")
 
 
-def _status(module, path, name):
-    """(present, status, last check) of backend/server ``name``; fails the module on a socket error."""
+def _servers(module, path):
+    """Every server of the front door (``server_states`` of ``show stat``); fails the module on a socket error."""
     try:
         servers = server_states(runtime_command(path, "show stat"))
     except (OSError, ValueError) as exc:
         module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
-    server = servers.get(name)
+    return servers
+
+
+def _status(module, path, name):
+    """(present, status, last check) of backend/server ``name``."""
+    server = _servers(module, path).get(name)
     if server is None:
         return False, "", ""
     return True, server["status"], server["check_status"]
@@ -171,11 +176,7 @@ def _status(module, path, name):
 
 def _address(module, path, name):
     """The server's ``<ip>:<port>`` as HAProxy shows it now."""
-    try:
-        servers = server_states(runtime_command(path, "show stat"))
-    except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
-    return (servers.get(name) or {}).get("address", "")
+    return (_servers(module, path).get(name) or {}).get("address", "")
 
 
 def _command(module, path, command):
@@ -192,10 +193,7 @@ def _wait_standby(module, path, backend, standby, timeout, interval, name):
     """Wait until one of ``standby`` (servers of ``backend``) is UP; fail naming their states when none comes UP."""
     start = time.monotonic()
     while True:
-        try:
-            servers = server_states(runtime_command(path, "show stat"))
-        except (OSError, ValueError) as exc:
-            module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
+        servers = _servers(module, path)
         states = {s: (servers.get(f"{backend}/{s}") or {}).get("status", "missing") for s in standby}
         if any(v == "UP" for v in states.values()):
             return
@@ -218,11 +216,7 @@ def _set(module, path, name, state):
 
 def _sessions(module, path, name):
     """Requests the server runs through this front door now (HAProxy's scur)."""
-    try:
-        servers = server_states(runtime_command(path, "show stat"))
-    except (OSError, ValueError) as exc:
-        module.fail_json(msg=f"front door runtime API {path}: `show stat` failed: {exc}")
-    return (servers.get(name) or {}).get("sessions_current", 0)
+    return (_servers(module, path).get(name) or {}).get("sessions_current", 0)
 
 
 def _load(url):
