@@ -17,7 +17,8 @@ while [ $# -ge 2 ]; do
   names+=("$name")
   rm -f "$logs/lane-$name.secs"
   if [ $first -eq 1 ]; then
-    timed "$cmd" "$logs/lane-$name.secs" &
+    # also kept in its log, so that a failure can be summed up at the end (CI shows only the tail)
+    timed "$cmd" "$logs/lane-$name.secs" > >(tee "$logs/lane-$name.log") 2>&1 &
     first=0
   else
     echo "######## lane $name: $cmd (output: .cache/logs/lane-$name.log, printed when it ends)"
@@ -35,6 +36,14 @@ for i in "${!pids[@]}"; do
   fi
   if [ $code -eq 0 ]; then summary+=("$(printf 'lane %-16s %5ss  ok' "${names[$i]}" "$secs")")
   else summary+=("$(printf 'lane %-16s %5ss  FAILED (exit %s)' "${names[$i]}" "$secs" "$code")"); rc=$code; fi
+done
+# what failed, at the end of the output where CI's tail shows it: the failing lines of each failed lane's log
+for i in "${!names[@]}"; do
+  case "${summary[$i]}" in *FAILED*)
+    echo "######## lane ${names[$i]} failed: its failing lines (whole log: .cache/logs/lane-${names[$i]}.log)"
+    grep -E 'FAILED|ERROR|^E  |Error|failed=[1-9]|fatal:' "$logs/lane-${names[$i]}.log" | tail -n 40 | cut -c1-400
+    ;;
+  esac
 done
 echo "######## lane timings"
 printf '%s\n' "${summary[@]}"

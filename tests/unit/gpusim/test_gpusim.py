@@ -119,8 +119,9 @@ class Processes:
         return proc, lines
 
     def hold(self, mib, argv0="python3", env=None, extra=()):
+        # wait for "ready": under load a holder queried before it allocated would show no memory yet
         proc, _lines = self.start([PY, HOLD, "--mib", str(mib)] + list(extra), argv0=argv0,
-                                  env=env)
+                                  env=env, wait_ready=True)
         return proc.pid
 
     def view(self, *pids):

@@ -2,13 +2,14 @@
 
 Expectations are read from the hosts and the planner, not copied: the ranks' addresses from the
 containers' eth0, the command lines from the plan each host recorded. The last tests break the
-group (a headless rank killed) and feed a bad inventory; they run in file order, once per converge.
+group (a headless rank killed); they run in file order, once per converge.
 """
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -260,25 +261,16 @@ def group_healed(hosts, plans):
     assert rc == 0, out[-3000:]
     rc, out, seconds = converge()
     assert rc == 0, out[-4000:]
-    assert "changed=0" in out and "changed=1" not in out, out[-4000:]
+    # the scenario's idempotence proof (Molecule's own step is not run): the scenario's inventory, changed=0 per host
+    changed = {m[0]: int(m[1]) for m in re.findall(r"(inferops-mn-\d) : ok=\d+ changed=(\d+)", out)}
+    assert changed == {RANK0: 0, RANK1: 0}, out[-4000:]
     assert int(show(hosts[RANK0], "ActiveEnterTimestampMonotonic")) == rank0
     print(f"after the heal: verify passes, a converge restarts nothing ({seconds:.0f} s)")
 
 
-# --------------------------------------------------------------------------- refused before any change
-
-def test_a_bad_multinode_inventory_fails_before_any_host_changes(hosts):
-    started = {name: show(h, "ExecMainStartTimestampMonotonic") for name, h in hosts.items()}
-    plan_before = {name: h.file("/etc/inferops/vllm/plan.json").mtime for name, h in hosts.items()}
-    bad = [dict(VARS["vllm_instances"][0], pipeline_parallel_size=3)]
-    rc, out, seconds = converge(vllm_instances=bad)
-    assert rc != 0
-    assert "pipeline_parallel_size (3) must be a multiple of 2" in out, out[-3000:]
-    assert "changed=0" in out and "changed=1" not in out
-    for name, host in hosts.items():
-        assert show(host, "ExecMainStartTimestampMonotonic") == started[name]
-        assert host.file("/etc/inferops/vllm/plan.json").mtime == plan_before[name]
-    print(f"refused in {seconds:.0f} s")
+# A bad multi-node inventory (pipeline_parallel_size not a multiple of the host count) is refused before any host
+# changes: the refusal corpus holds it (tests/integration/refusals/cases/plan-multinode-pipeline-not-dividing.yml,
+# through the real ansible-playbook, changed=0 checked), so this scenario no longer pays a run for it.
 
 
 # --------------------------------------------------------------------------- the fleet's router (issue 27)
