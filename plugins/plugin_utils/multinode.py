@@ -70,7 +70,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import snapsh
 
 __all__ = ["NODES_PARALLEL", "CLI_MODULE", "DEFAULT_MASTER_PORT", "MULTINODE_FLAGS", "SOCKET_ENV",
            "key_problems", "resolve", "restore", "flags", "environment", "port_problems", "table_cells",
-           "group_key", "rank_groups", "interface_ips", "planned_on"]
+           "group_key", "rank_groups", "interface_ips", "planned_on", "serves_api_on"]
 
 #: How the ranks split the model: ``pipeline`` (PP across hosts) or ``tensor`` (TP across hosts).
 NODES_PARALLEL = ("pipeline", "tensor")
@@ -157,8 +157,9 @@ def _group_position(entry, group):
     return pos if _is_int(pos) else float("inf")
 
 
-def _hosts(rec, fleet, where):
-    """The instance's hosts in rank order, or (None, problems)."""
+def _hosts(rec, fleet, where, play=True):
+    """The instance's hosts in rank order, or (None, problems). ``play``: false leaves out whether they are in
+    this play (the instance spans them all the same)."""
     nodes = rec["nodes"]
     if isinstance(nodes, dict):
         group, count = nodes["group"], nodes["count"]
@@ -178,7 +179,7 @@ def _hosts(rec, fleet, where):
         if name not in fleet:
             problems.append(f"{where}.nodes names '{name}' (rank {pos}), which is not in the inventory; "
                             "fix the host name or add the host")
-        elif not _in_play(fleet[name]):
+        elif play and not _in_play(fleet[name]):
             problems.append(f"{where}.nodes names '{name}' (rank {pos}), which is not in this play (--limit?); "
                             "every rank must be planned together: run the play on all of "
                             f"{', '.join(hosts)}")
@@ -188,6 +189,16 @@ def _hosts(rec, fleet, where):
     return (None, problems) if problems else (hosts, [])
 
 
+def _span(nodes, fleet):
+    """The hosts (rank order) of an instance whose raw ``nodes`` is this, as the plans of its hosts resolve them
+    (``_hosts``), in this play or not: which hosts an instance spans does not depend on ``--limit``. None: no
+    ``nodes`` (a single-host instance), a malformed one, or one that does not resolve (the plans refuse it)."""
+    if not isinstance(nodes, (dict, list)) or (isinstance(nodes, dict) and not {"group", "count"} <= set(nodes)):
+        return None
+    hosts, problems = _hosts({"nodes": nodes}, fleet, "nodes", play=False)
+    return None if problems else hosts
+
+
 def planned_on(nodes, host, fleet):
     """Whether ``host``'s own plan keeps an instance whose (raw) ``nodes`` is this: a single-host instance (no
     ``nodes``) always; one that spans hosts when ``host`` is among its hosts (``resolve`` drops it elsewhere). Nodes
@@ -195,10 +206,16 @@ def planned_on(nodes, host, fleet):
     the plans (the routers' worker ports) until the fleet is planned once (issue 39)."""
     if nodes is None or nodes == "":
         return True
-    if not isinstance(nodes, (dict, list)) or (isinstance(nodes, dict) and not {"group", "count"} <= set(nodes)):
-        return True
-    hosts, problems = _hosts({"nodes": nodes}, fleet, "nodes")
-    return bool(problems) or host in hosts
+    hosts = _span(nodes, fleet)
+    return hosts is None or host in hosts
+
+
+def serves_api_on(nodes, host, fleet):
+    """Whether ``host`` is rank 0 (the API server) of an instance that spans hosts whose (raw) ``nodes`` is this: the
+    first of its hosts (``_span``). False for a single-host instance and for nodes that cannot be resolved (that
+    host's own plan refuses them). The routers list such an instance once, at this host (``router.py``)."""
+    hosts = _span(nodes, fleet)
+    return hosts is not None and hosts[0] == host
 
 
 def interface_ips(entry, iface):

@@ -18,18 +18,21 @@ address and port base) and give the plan of ``host``:
   position among the router's worker hosts: the service role restarts the workers of one router one wave at
   a time, so two hosts never take the same router's instances out together.
 
-A worker is every single-host instance (no ``nodes``) of the model, on every host of the inventory, in inventory
-order. Its URL: ``http://<address>:<port>``; the port is the instance's own or the one ``base_port`` gives it
-(``placement.assign_ports`` over the instances that host's own plan keeps, the rule that plan applies: a
-multi-node instance of other hosts is not counted, ``multinode.planned_on``); the address is loopback on the router's own
-host, else the host's ``vllm_router_worker_address``, else its ``vllm_service_host`` when that is one address,
-else the IPv4 address of its ``vllm_service_network_interface`` (network facts). An instance bound to loopback
-on another host cannot be reached: a problem naming the variable to set.
+A worker is every instance of the model, on every host of the inventory, in inventory order: a single-host instance
+(no ``nodes``) on its host, an instance that spans hosts once, on its rank 0's host (``multinode.serves_api_on``: the
+rank that serves the API; the headless ranks are never workers, and the service role's group restart takes rank 0 out
+of its routers first). Its URL: ``http://<address>:<port>``; the port is the instance's own or the one ``base_port``
+gives it (``placement.assign_ports`` over the instances that host's own plan keeps, the rule that plan applies: a
+multi-node instance of other hosts is not counted, ``multinode.planned_on``); the address is that host's: loopback
+on the router's own host, else the host's ``vllm_router_worker_address``, else its ``vllm_service_host`` when that is
+one address, else the IPv4 address of its ``vllm_service_network_interface`` (network facts). An instance bound to
+loopback on another host is reached through a worker listener of that host's front door (``_worker_address``);
+without an address for it: a problem naming the variable to set.
 """
 from __future__ import annotations
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import connect_host
-from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on, serves_api_on
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
@@ -119,7 +122,8 @@ def _worker_address(name, entry, router_host):
 
 
 def _workers(fleet, model, router_host):
-    """[{host, instance, url}] of every single-host instance of ``model`` in the fleet, and the problems."""
+    """[{host, instance, url}] of every instance of ``model`` in the fleet (one that spans hosts at its rank 0's host
+    only), and the problems."""
     workers, problems = [], []
     for name, entry in fleet.items():
         # the instances this host's own plan keeps (not a multi-node instance of other hosts), in its order
@@ -127,7 +131,8 @@ def _workers(fleet, model, router_host):
         ports = assign_ports([as_int(i.get("port")) for i in raw],
                              as_int(entry.get("base_port")) or 8000)
         mine = [(i, p) for i, p in zip(raw, ports)
-                if i.get("model") == model and i.get("nodes") in (None, "") and p is not None]
+                if i.get("model") == model and p is not None
+                and (i.get("nodes") in (None, "") or serves_api_on(i.get("nodes"), name, fleet))]
         if not mine:
             continue
         address, problem, listener = _worker_address(name, entry, router_host)
@@ -191,7 +196,7 @@ def plan_routers(host, fleet, models, opts, taken):
             backups, backup_problems = _backups(fleet, key, host)
             problems += backup_problems
             if not workers and not worker_problems:
-                problems.append(f"vllm_models.{key}.router_port: no host of the inventory has a single-host instance "
+                problems.append(f"vllm_models.{key}.router_port: no host of the inventory has an instance "
                                 f"of model '{key}', so its router would have no worker; add instances or leave "
                                 "router_port out")
             bind = opts["metrics_bind_address"]

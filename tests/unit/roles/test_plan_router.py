@@ -90,7 +90,8 @@ def test_worker_ports_follow_the_hosts_own_port_rule_and_address_overrides():
      "mn-1's front door, which needs the address to listen on: set vllm_router_worker_address"),
     ({"mn-1": {"vllm_service_network_interface": "", "ansible_facts": {}}},
      "set vllm_router_worker_address on mn-1"),
-    ({"mn-0": {"vllm_instances": []}, "mn-1": {"vllm_instances": []}}, "its router would have no worker"),
+    ({"mn-0": {"vllm_instances": []}, "mn-1": {"vllm_instances": []}},
+     "no host of the inventory has an instance of model 'tiny', so its router would have no worker"),
     ({"mn-0": {"vllm_router_listen_port_base": 8000}}, "which is the HTTP port of instance 'solo'"),
     ({"mn-0": {"vllm_router_policy": "fastest"}}, "vllm_router_policy"),
     ({"mn-0": {"vllm_models": {"tiny": dict(MODELS["tiny"], frontdoor_port=8300)}}},
@@ -229,34 +230,135 @@ def test_two_router_hosts_back_each_other_up_through_their_front_doors():
     assert "host mn-1: it runs a router of 'tiny' too, but its front door listens on 127.0.0.1" in str(err.value)
 
 
-def test_a_worker_is_listed_at_the_port_its_own_hosts_plan_gives_it():
-    """Issue 39's shape: a-1..a-3 share group vars with a multi-node instance `big` (2 hosts of group gpu, no port)
-    before `solo` (no port); a-3 is not among big's hosts, so its own plan drops big and puts solo on the base port.
-    The router lists each host's solo where that host's plan puts it, never counting an instance the plan dropped."""
-    big = {"name": "big", "model": "tiny", "nodes": {"group": "gpu", "count": 2}, "tensor_parallel_size": 1,
-           "pipeline_parallel_size": 2, "master_port": 29511, "numa_node": 0, "gpu_memory_utilization": 0.5}
-    solo = {"name": "solo", "model": "tiny", "numa_node": 1, "gpu_memory_utilization": 0.5}
-    names = ["a-1", "a-2", "a-3"]
+# ---- issue 39's shape: instances that span hosts are workers too (issue 38), at their rank 0 (the API server)
+
+from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import planned_on, serves_api_on  # noqa: E402
+
+BIG = {"name": "big", "model": "tiny", "nodes": {"group": "gpu", "count": 2}, "tensor_parallel_size": 1,
+       "pipeline_parallel_size": 2, "master_port": 29511, "numa_node": 0, "gpu_memory_utilization": 0.5}
+GPU_HOSTS = ["a-1", "a-2", "a-3"]
+
+
+def issue39(instances=None, routers=("a-1",), gpu=None, play=None, **over):
+    """a-1..a-3 in group gpu share group vars: ``instances`` (default ``[BIG, SOLO]``: the multi-node ``big`` before
+    ``solo``, neither with a port); ``routers``: the hosts of vllm_routers; ``gpu``: groups['gpu'] (its own order);
+    ``play``: the play's hosts (default all); ``over``: host -> variables (a host not in GPU_HOSTS is added).
+    Returns (the fleet view, the plan of every host of the play)."""
+    names = GPU_HOSTS + [h for h in over if h not in GPU_HOSTS]
     hv = {}
     for pos, host in enumerate(names):
-        hv[host] = {"group_names": ["gpu"] + (["vllm_routers"] if pos == 0 else []),
-                    "vllm_models": MODELS, "vllm_instances": [big, solo], "vllm_service_host": "0.0.0.0",
-                    "vllm_service_network_interface": "eth0",
+        hv[host] = {"group_names": (["gpu"] if host in GPU_HOSTS else []) + (["vllm_routers"] if host in routers else []),
+                    "vllm_models": MODELS, "vllm_instances": [BIG, SOLO] if instances is None else instances,
+                    "vllm_service_host": "0.0.0.0", "vllm_service_network_interface": "eth0",
                     "ansible_facts": {"interfaces": ["lo", "eth0"], "gpus": host_facts(SHAPE)["gpus"],
                                       "eth0": {"device": "eth0", "ipv4": {"address": f"10.88.0.{pos + 5}",
                                                                           "netmask": "255.255.0.0"}}}}
-    groups = {"all": names, "gpu": names, "vllm_routers": ["a-1"]}
-    view = vllm_fleet_view(hv, names, names, groups=groups)
+        hv[host].update(over.get(host, {}))
+    groups = {"all": names, "gpu": gpu or GPU_HOSTS, "vllm_routers": [h for h in names if h in routers]}
+    play = names if play is None else play
+    view = vllm_fleet_view(hv, names, play, groups=groups)
     plans = {}
-    for host in names:
+    for host in play:
         inputs = {k: v for k, v in hv[host].items() if k.startswith("vllm_service_") or k.startswith("vllm_router_")}
-        plans[host] = build_plan(MODELS, [big, solo], host_facts(SHAPE), inputs, host=host, fleet=view)
-    assert [i["name"] for i in plans["a-3"]["instances"]] == ["solo"]
-    (router,) = plans["a-1"]["routers"]
+        plans[host] = build_plan(MODELS, hv[host]["vllm_instances"], host_facts(SHAPE), inputs, host=host, fleet=view)
+    return view, plans
+
+
+def _as_planned(router, plans):
+    """Every worker of ``router`` is at the port its own host's plan gives it, and serves the API there."""
     for worker in router["workers"]:
         (inst,) = [i for i in plans[worker["host"]]["instances"] if i["name"] == worker["instance"]]
-        assert worker["url"].rsplit(":", 1)[1] == str(inst["port"]), (worker, inst["port"])
-    assert [w["url"] for w in router["workers"]] == ["http://127.0.0.1:8001", "http://10.88.0.6:8001",
-                                                     "http://10.88.0.7:8000"]
+        assert worker["url"].rsplit(":", 1)[1] == str(inst["port"]) and inst["url"] is not None, (worker, inst)
+
+
+def test_a_worker_is_listed_at_the_port_its_own_hosts_plan_gives_it():
+    """Issue 39's shape: a-1..a-3 share group vars with a multi-node instance `big` (2 hosts of group gpu, no port)
+    before `solo` (no port); a-3 is not among big's hosts, so its own plan drops big and puts solo on the base port.
+    The router lists each host's solo where that host's plan puts it, never counting an instance the plan dropped,
+    and big once, at its rank 0 (a-1, the API server) on the port a-1's plan gives it; its headless rank on a-2 is
+    no worker."""
+    _view, plans = issue39()
+    assert [i["name"] for i in plans["a-3"]["instances"]] == ["solo"]
+    (router,) = plans["a-1"]["routers"]
+    _as_planned(router, plans)
+    assert [(w["host"], w["instance"], w["url"]) for w in router["workers"]] == [
+        ("a-1", "big", "http://127.0.0.1:8000"), ("a-1", "solo", "http://127.0.0.1:8001"),
+        ("a-2", "solo", "http://10.88.0.6:8001"), ("a-3", "solo", "http://10.88.0.7:8000")]
+    # each host's router_workers: big on rank 0's host (whose group restart takes it out), never on a-2's
+    assert [(w["instance"], w["worker_url"], w["wave"]) for w in plans["a-1"]["router_workers"]] == [
+        ("big", "http://127.0.0.1:8000", 0), ("solo", "http://127.0.0.1:8001", 0)]
+    assert [(w["instance"], w["wave"]) for w in plans["a-2"]["router_workers"]] == [("solo", 1)]
     (rw,) = plans["a-3"]["router_workers"]
-    assert rw["worker_url"] == "http://10.88.0.7:8000"
+    assert rw["worker_url"] == "http://10.88.0.7:8000" and rw["wave"] == 2
+    # rank 0 serves the render endpoints of a cache_aware router; the headless rank serves no API
+    big = {h: [i for i in plans[h]["instances"] if i["name"] == "big"][0] for h in ("a-1", "a-2")}
+    assert big["a-1"]["argv"].count("--enable-scale-out") == 1 and "--enable-scale-out" not in big["a-2"]["argv"]
+
+
+def test_a_rank_0_on_loopback_is_reached_through_its_hosts_worker_listener():
+    """The router on a-3 reaches big's rank 0 on a-1 (loopback, like every instance here) at a-1's interface address,
+    where a-1's front door listens for it; a-2 (big's headless rank) gets a listener for its solo only."""
+    _view, plans = issue39(routers=("a-3",), **{h: {"vllm_service_host": "127.0.0.1"} for h in GPU_HOSTS})
+    (router,) = plans["a-3"]["routers"]
+    _as_planned(router, plans)
+    assert [(w["host"], w["instance"], w["url"], w.get("listener")) for w in router["workers"]] == [
+        ("a-1", "big", "http://10.88.0.5:8000", {"address": "10.88.0.5", "port": 8000}),
+        ("a-1", "solo", "http://10.88.0.5:8001", {"address": "10.88.0.5", "port": 8001}),
+        ("a-2", "solo", "http://10.88.0.6:8001", {"address": "10.88.0.6", "port": 8001}),
+        ("a-3", "solo", "http://127.0.0.1:8000", None)]
+    fds = {f["name"]: f for f in plans["a-1"]["frontdoors"]}
+    assert sorted(fds) == ["_worker_big", "_worker_solo"]
+    assert fds["_worker_big"]["bind_address"] == "10.88.0.5" and fds["_worker_big"]["port"] == 8000
+    assert [(b["instance"], b["address"], b["port"]) for b in fds["_worker_big"]["backends"]] == [
+        ("big", "127.0.0.1", 8000)]
+    assert [f["name"] for f in plans["a-2"]["frontdoors"]] == ["_worker_solo"]
+    assert [w["instance"] for w in plans["a-2"]["router_workers"]] == ["solo"]
+
+
+def test_a_model_served_only_across_hosts_has_a_router_with_that_one_worker():
+    _view, plans = issue39(instances=[BIG])
+    (router,) = plans["a-1"]["routers"]
+    assert router["workers"] == [{"host": "a-1", "instance": "big", "url": "http://127.0.0.1:8000"}]
+    _as_planned(router, plans)
+    assert [w["instance"] for w in plans["a-1"]["router_workers"]] == ["big"]
+    assert plans["a-2"]["router_workers"] == [] and plans["a-3"]["router_workers"] == []
+
+
+def test_a_router_lists_the_same_workers_whatever_hosts_the_play_limits_to():
+    """A router host of its own (r-1, no instance of its own) in a play limited to it lists big at its rank 0 and
+    each solo at its full plan's port, as the play of every host does (the router role takes out of the router
+    every worker the plan no longer lists)."""
+    over = {"r-1": {"vllm_instances": []}}
+    full = issue39(routers=("r-1",), **over)[1]["r-1"]["routers"]
+    limited = issue39(routers=("r-1",), play=["r-1"], **over)[1]["r-1"]["routers"]
+    assert limited == full
+    assert [(w["instance"], w["url"]) for w in full[0]["workers"]] == [
+        ("big", "http://10.88.0.5:8000"), ("solo", "http://10.88.0.5:8001"), ("solo", "http://10.88.0.6:8001"),
+        ("solo", "http://10.88.0.7:8000")]
+
+
+@pytest.mark.parametrize("nodes, gpu", [
+    ({"group": "gpu", "count": 2}, None),
+    ({"group": "gpu", "count": 3}, None),
+    ({"group": "gpu", "count": 2}, ["a-3", "a-1", "a-2"]),  # the group's own order, not the inventory's
+    (["a-2", "a-1"], None),
+    (["a-3", "a-2", "a-1"], None),
+])
+def test_exactly_one_host_serves_the_api_of_an_instance_that_spans_hosts_the_first_its_plans_resolve(nodes, gpu):
+    big = dict(BIG, nodes=nodes, pipeline_parallel_size=len(nodes) if isinstance(nodes, list) else nodes["count"])
+    view, plans = issue39(instances=[big, SOLO], gpu=gpu)
+    ranks = {h: [i["multinode"] for i in p["instances"] if i["name"] == "big"] for h, p in plans.items()}
+    api = [h for h, mn in ranks.items() if mn and mn[0]["node_rank"] == 0]
+    assert len(api) == 1 and ranks[api[0]][0]["hosts"][0] == api[0]
+    assert [h for h in GPU_HOSTS if serves_api_on(nodes, h, view)] == api
+    assert [h for h in GPU_HOSTS if planned_on(nodes, h, view)] == [h for h in GPU_HOSTS if ranks[h]]
+    (router,) = plans["a-1"]["routers"]
+    assert [w["host"] for w in router["workers"] if w["instance"] == "big"] == api
+
+
+@pytest.mark.parametrize("nodes", [None, "", {"group": "gpu", "count": 4}, {"group": "cpu", "count": 2},
+                                   ["a-1", "z-9"], ["a-1"], {"group": "gpu"}, "a-1"])
+def test_nodes_that_do_not_resolve_serve_no_api_anywhere(nodes):
+    view = issue39(instances=[SOLO])[0]
+    assert not any(serves_api_on(nodes, h, view) for h in GPU_HOSTS)
+    assert all(planned_on(nodes, h, view) for h in GPU_HOSTS)  # kept: each host's own plan refuses them

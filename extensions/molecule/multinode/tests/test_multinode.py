@@ -87,7 +87,7 @@ def show(host, prop):
 def completion(hosts, plans, timeout=60):
     # rank 0 binds every address (vllm_service_host 0.0.0.0): reach it on its eth0
     url = f"http://{eth0(hosts[RANK0])}:{duo(plans[RANK0])['port']}"
-    body = json.dumps({"model": "tiny-llama", "prompt": "The capital of France is", "max_tokens": 8,
+    body = json.dumps({"model": "tiny-llama-pp", "prompt": "The capital of France is", "max_tokens": 8,
                        "temperature": 0})
     # from the other rank's container: across podman's bridge, as a client would
     return hosts[RANK1].run(f"curl -sS -m {timeout} -o /tmp/answer.json -w '%{{http_code}}' "
