@@ -82,6 +82,12 @@ options:
     description: Run the benchmark. False with O(check_health) checks the server's health only.
     type: bool
     default: true
+  completion:
+    description:
+      - Without O(measure), ask one completion of a single token and fail unless it answers (the proof that
+        an instance serves, for a run that measures nothing, such as C(site.yml) on a converged host).
+    type: bool
+    default: false
 author: inferops maintainers (@inferops)
 """
 
@@ -162,10 +168,17 @@ rounds:
   type: list
   elements: dict
 completion_tokens:
-  description: Completion tokens counted over the concurrent phase of the last round (from the server's usage report).
-  returned: success and O(measure)
+  description:
+    - Completion tokens counted over the concurrent phase of the last round (from the server's usage report).
+    - With O(completion) and without O(measure), the tokens of the one-token completion.
+  returned: success and (O(measure) or O(completion))
   type: int
   sample: 512
+completion_s:
+  description: Seconds the one-token completion took (O(completion) without O(measure)).
+  returned: success and O(completion) and not O(measure)
+  type: float
+  sample: 0.21
 served_models:
   description: The model ids C(GET /v1/models) listed.
   returned: success and O(check_health)
@@ -351,6 +364,7 @@ def main():
             check_health=dict(type="bool", default=False),
             health_timeout=dict(type="float", default=60),
             measure=dict(type="bool", default=True),
+            completion=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -366,6 +380,12 @@ def main():
             module.fail_json(msg=str(exc))
         result.update(health_wait_s=round(waited, 3), served_models=ids)
     if not p["measure"]:
+        if p["completion"]:
+            try:
+                tokens, secs, _ttft = _complete(p, "Hello", max_tokens=1)
+            except Exception as exc:  # urllib errors, timeouts, bad JSON: the instance does not serve
+                module.fail_json(msg="a one-token completion from %s failed: %s" % (p["url"], exc))
+            result.update(completion_tokens=tokens, completion_s=round(secs, 3))
         module.exit_json(**result)
     try:
         figures = benchmark(p)
