@@ -96,12 +96,13 @@ options:
     default: 5
 attributes:
   check_mode:
+    description: Can run in check mode and return changed status prediction without modifying target.
     support: full
     details: V(probe) reads only; V(record) and V(absent) report what they would change.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check mode), when in diff mode.
     support: none
-author:
-  - inferops maintainers
+author: inferops maintainers (@inferops)
 """
 
 EXAMPLES = r"""

@@ -198,7 +198,7 @@ def fleets(draw, overlapping):
     hosts = draw(st.lists(st.sampled_from(HOSTS), min_size=1, max_size=len(HOSTS), unique=True))
     groups = []
     free = list(hosts)
-    for _ in range(draw(st.integers(0, 3))):
+    for _round in range(draw(st.integers(0, 3))):
         pool = hosts if overlapping else free
         if len(pool) < 2:
             break

@@ -287,8 +287,8 @@ def test_the_record_file_itself_is_never_listed_even_when_its_directory_is_recor
         assert result["converged"] is True, (files, result["reasons"])
 
 
-def test_the_record_file_itself_is_never_listed_even_when_its_directory_is_a_stat_files_glob(tmp_path,
-                                                                                              monkeypatch):
+def test_the_record_file_itself_is_never_listed_even_when_its_directory_is_a_stat_files_glob(
+        tmp_path, monkeypatch):
     config = tree(tmp_path / "config", {"a.conf": "a\n"})
     path = config / "converged.json"
     record(monkeypatch, path, stat_files=[str(config)])
