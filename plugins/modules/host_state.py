@@ -27,8 +27,8 @@ description:
   - Users and groups (O(users), O(groups)) must exist.
   - Live, not recorded, with O(state=probe), each router of O(routers) must list exactly its workers
     (vllm-router's C(GET /list_workers) on its loopback address).
-  - Any difference, or no record, or other inputs make the host not converged, with the reasons (at most 20,
-    every difference found, the inputs' first). O(state=probe) also removes the record then (not in check
+  - Any difference, or no record, or other inputs make the host not converged, with the reasons (at most 40,
+    every difference found; the inputs', the units', users', groups' and routers' before the files'). O(state=probe) also removes the record then (not in check
     mode), so that a run that fails halfway is never taken for converged by the next one.
 options:
   path:
@@ -129,7 +129,7 @@ converged:
   returned: always
   type: bool
 reasons:
-  description: What differs, at most 20 lines (V(probe)); empty when converged.
+  description: What differs, at most 40 lines (V(probe)); empty when converged.
   returned: always
   type: list
   elements: str
@@ -154,7 +154,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
 SCHEMA = 1
-MAX_REASONS = 20
+MAX_REASONS = 40
 
 
 def _expand(patterns):
@@ -203,15 +203,14 @@ def _unit_states(module, units):
     if not systemctl:
         return {unit: "unreadable: no systemctl" for unit in units}
     rc, out, err = module.run_command([systemctl, "show", "--property=Id,ActiveState,UnitFileState", "--"] + list(units))
-    if rc != 0:
-        return {unit: "unreadable: " + (err.strip() or out.strip())[:200] for unit in units}
+    # what systemctl could read, even when it also failed for a unit (a unit it does not know still gets a block)
     states, current = {}, {}
     for block in out.strip().split("\n\n"):
         current = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         if current.get("Id"):
             states[current["Id"]] = "%s/%s" % (current.get("ActiveState", "?"), current.get("UnitFileState", "") or "-")
-    # systemctl show answers in the order asked; a unit it does not know still gets a block (ActiveState=inactive)
-    return {unit: states.get(unit, "unknown") for unit in units}
+    missing = "unreadable: " + (err.strip() or out.strip() or "rc %d" % rc)[:200] if rc != 0 else "unknown"
+    return {unit: states.get(unit, missing) for unit in units}
 
 
 def _signatures(module, rec):
@@ -326,8 +325,6 @@ def main():
         files, large, units = _signatures(module, rec)
         files.pop(path, None)
         large.pop(path, None)
-        _compare("file", rec.get("files", {}), files, reasons)
-        _compare("file", rec.get("large", {}), large, reasons)
         for unit, state in sorted(units.items()):
             if state != rec.get("unit_states", {}).get(unit) or state.startswith("unreadable"):
                 reasons.append("unit %s is %s (recorded %s)" % (unit, state, rec.get("unit_states", {}).get(unit)))
@@ -342,6 +339,9 @@ def main():
             except KeyError:
                 reasons.append("group %s is gone" % group)
         reasons += _router_reasons(params["routers"], params["timeout"])
+        # files last: a changed directory can list many
+        _compare("file", rec.get("files", {}), files, reasons)
+        _compare("file", rec.get("large", {}), large, reasons)
         result["entries"] = {"files": len(rec.get("files", {})), "large": len(rec.get("large", {})),
                              "units": len(rec.get("units", [])), "users": len(rec.get("users", [])),
                              "groups": len(rec.get("groups", []))}
