@@ -171,11 +171,11 @@ class Runner(object):
         raise AssertionError("module returned without exit_json/fail_json")
 
 
-def run_main(main, args, monkeypatch):
-    """Run a module's main() with args; returns ("ok", result) or ("fail", result)."""
+def run_main(main, args, monkeypatch, check=False):
+    """Run a module's main() with args (in check mode with ``check``); returns ("ok", result) or ("fail", result)."""
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
-    with patch_module_args(args):
+    with patch_module_args(dict(args, _ansible_check_mode=check) if check else args):
         try:
             main()
         except AnsibleExitJson as exc:
@@ -193,7 +193,8 @@ def _exit_json(_self, **kwargs):
 def _fail_json(_self, msg, **kwargs):
     kwargs["failed"] = True
     kwargs["msg"] = msg
-    raise AnsibleFailJson(json.loads(json.dumps(kwargs)))
+    # run_command passes the OSError itself as ``exception``: keep it readable
+    raise AnsibleFailJson(json.loads(json.dumps(kwargs, default=str)))
 
 
 def expand_cpus(text):

@@ -8,45 +8,17 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.modules import host_state
 
-
-class ExitJson(Exception):
-    pass
-
-
-class FailJson(Exception):
-    pass
-
-
-def _exit_json(_self, **kwargs):
-    kwargs.setdefault("changed", False)
-    raise ExitJson(json.loads(json.dumps(kwargs)))
-
-
-def _fail_json(_self, msg, **kwargs):
-    # run_command passes the OSError itself as ``exception``: keep it readable, not serialisable
-    kwargs.update(failed=True, msg=msg)
-    raise FailJson(json.loads(json.dumps(kwargs, default=str)))
+from gpu_harness import run_main  # tests/unit/plugins/modules/gpu_harness.py
 
 
 def run(args, monkeypatch, check=False):
     """main() with args; ("ok", result) or ("fail", result). Any other exception escapes (a traceback)."""
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", _exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", _fail_json)
-    with patch_module_args(dict(args, _ansible_check_mode=check)):
-        try:
-            host_state.main()
-        except ExitJson as exc:
-            return "ok", exc.args[0]
-        except FailJson as exc:
-            return "fail", exc.args[0]
-    raise AssertionError("main() returned without exit_json/fail_json")
+    return run_main(host_state.main, args, monkeypatch, check=check)
 
 
 def record(monkeypatch, path, inputs="digest-1", **kwargs):
