@@ -1,9 +1,11 @@
 """The health parsers of module_utils/nvidia_smi.py on real H200 captures, on gpusim output, and as
 hypothesis properties (render -> parse gives back what was rendered)."""
+import atexit
 import csv
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -13,6 +15,8 @@ from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi as
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 CAP = os.path.join(ROOT, "tests", "fixtures", "nvidia-smi", "h200-1gpu-health")
 SMI = os.path.join(ROOT, "tests", "gpusim", "nvidia-smi")
+EMPTY = tempfile.mkdtemp(prefix="gpusim-empty-")
+atexit.register(os.rmdir, EMPTY)
 
 
 def cap(name):
@@ -27,7 +31,11 @@ def commands():
 
 
 def sim(profile, *args):
-    env = dict(os.environ, GPUSIM_PROFILE=profile, GPUSIM_NOW="2026-12-03T13:55:23")
+    # an empty proc root and stray directory: the machine's own processes (a vLLM or a gpusim-hold of a
+    # Molecule scenario running beside the unit tests, in a container whose processes the host's /proc
+    # shows) would otherwise load the simulated GPU (CI failed that way: the captured idle GPU read busy)
+    env = dict(os.environ, GPUSIM_PROFILE=profile, GPUSIM_NOW="2026-12-03T13:55:23",
+               GPUSIM_PROC=EMPTY, GPUSIM_STRAY_DIR=EMPTY)
     proc = subprocess.run([sys.executable, SMI] + list(args), capture_output=True, text=True, env=env, check=False)
     return proc.returncode, proc.stdout
 
