@@ -72,6 +72,10 @@ PLAYBOOK = """
   gather_facts: false
   environment:
     GPUSIM_PROFILE: "{{ gpusim_profile }}"
+    # an empty proc root and stray directory: the machine's own processes (a Molecule scenario's vLLM beside the
+    # units) must not load the simulated GPUs
+    GPUSIM_PROC: "{{ gpusim_empty }}"
+    GPUSIM_STRAY_DIR: "{{ gpusim_empty }}"
   tasks:
     - name: Run the health entry point
       block:
@@ -113,6 +117,7 @@ def _untag(value):
 @pytest.fixture(scope="module", name="run")
 def fixture_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("health")
+    (tmp / "empty").mkdir()
     hosts = {}
     for host, (profile, extra, _status, _text) in CASES.items():
         files = tmp / host
@@ -123,6 +128,7 @@ def fixture_run(tmp_path_factory):
             "ansible_connection": "local",
             "ansible_python_interpreter": sys.executable,
             "gpusim_profile": profile,
+            "gpusim_empty": str(tmp / "empty"),
             "vllm_preflight_nvidia_smi": os.path.join(GPUSIM, "nvidia-smi"),
             "vllm_preflight_health_cuda_build": "13.0",
             "vllm_preflight_health_kernel_log": str(files / "kern.log"),

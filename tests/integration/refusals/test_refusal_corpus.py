@@ -82,7 +82,12 @@ class Runner:
         """A stand-in nvidia-smi showing ``profile`` (one per profile, so hosts of one run differ)."""
         path = self.bindir / f"nvidia-smi-{profile}"
         if not path.exists():
-            path.write_text(f"#!/bin/sh\nGPUSIM_PROFILE={profile} exec {sys.executable} "
+            # an empty proc root and stray directory: the machine's own processes (a Molecule scenario's vLLM
+            # beside the units) must not load the simulated GPUs
+            empty = self.bindir / "empty"
+            empty.mkdir(exist_ok=True)
+            path.write_text(f"#!/bin/sh\nGPUSIM_PROC={empty} GPUSIM_STRAY_DIR={empty} GPUSIM_PROFILE={profile} "
+                            f"exec {sys.executable} "
                             f"{os.path.join(GPUSIM, 'nvidia-smi')} \"$@\"\n")
             path.chmod(0o755)
         return str(path)
