@@ -45,8 +45,15 @@ def vllm_rollout_plan(hostvars, order, batches=None, hosts=None, groups=None):
     """Rollout order and batch sizes that keep each instance spanning hosts in one batch; see vllm_rollout_plan.yml."""
     if not isinstance(order, (list, tuple)):
         raise AnsibleFilterError(f"vllm_rollout_plan: order must be a list of inventory host names, got {type(order).__name__}")
+    # without every inventory host and the groups, nodes given as a group or {group, count} would be resolved in
+    # another order than the plans resolve them (issue 39): refuse rather than guess
+    missing = [f"{name}={what}" for name, value, what in (("hosts", hosts, "groups['all']"), ("groups", groups, "groups"))
+               if not isinstance(value, (list, tuple, dict))]
+    if missing:
+        raise AnsibleFilterError("vllm_rollout_plan: pass " + " and ".join(missing) + " (the inventory's hosts and "
+                                 "groups), so that the hosts of an instance spanning hosts are those its plan takes")
     defaults = {name: PLAN_INPUTS[name][1] for name in _READ}
-    hosts = list(hosts) if hosts is not None else list(hostvars)
+    hosts = list(hosts)
     fleet = fleet_view(hostvars, hosts, hosts, defaults, groups=groups)
     try:
         return rollout_plan(fleet, list(order), [1, "25%", "100%"] if batches is None else batches)

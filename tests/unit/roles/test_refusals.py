@@ -11,6 +11,7 @@ internal class.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import yaml
@@ -355,6 +356,11 @@ def test_group_and_count_follow_the_group_s_own_order():
     hostvars["seed-1"]["vllm_instances"] = [inst]
     plan = vllm_rollout_plan(hostvars, ["seed-2", "seed-1", "seed-3"], [1, "100%"], hosts=groups["all"], groups=groups)
     assert plan["units"] == [["seed-2", "seed-1"]]
+    # not given the inventory's hosts and groups, the filter refuses (it used to guess hostvars' order: issue 39)
+    for kwargs, named in (({"groups": groups}, "hosts=groups['all']"), ({"hosts": groups["all"]}, "groups=groups"),
+                          ({}, "hosts=groups['all'] and groups=groups")):
+        with pytest.raises(AnsibleFilterError, match=re.escape("vllm_rollout_plan: pass " + named)):
+            vllm_rollout_plan(hostvars, ["seed-2", "seed-1", "seed-3"], [1, "100%"], **kwargs)
 
 
 # --------------------------------------------------------------------------- any junk: messages, never an exception
