@@ -104,9 +104,14 @@ units: venv
 	@echo "== pytest (unit + integration)"; $(BIN)/python -m pytest -q tests/unit tests/integration
 
 # The unit tests on the oldest ansible-core that meta/runtime.yml allows (README: supported versions)
+# what runs through Ansible (filters, modules, templates, roles); not the pure-Python parsers of module_utils, the GPU
+# simulator, or the tests of HAProxy's and promtool's own behaviour, which no ansible-core version changes (make units
+# runs them; about 60 s of this lane's 140 s)
+OLDEST_IGNORE := tests/unit/gpusim tests/unit/plugins/module_utils tests/unit/roles/test_frontdoor_edge.py \
+  tests/unit/roles/test_prometheus_rules.py
 units-oldest: $(TOOLS)/core-oldest/.stamp venv
-	@echo "== pytest tests/unit on ansible-core $$($(TOOLS)/core-oldest/bin/python -c 'from ansible.release import __version__ as v; print(v)')"
-	@$(TOOLS)/core-oldest/bin/python -m pytest -q -p no:cacheprovider tests/unit
+	@echo "== pytest tests/unit on ansible-core $$($(TOOLS)/core-oldest/bin/python -c 'from ansible.release import __version__ as v; print(v)') (not $(OLDEST_IGNORE))"
+	@$(TOOLS)/core-oldest/bin/python -m pytest -q -p no:cacheprovider tests/unit $(addprefix --ignore=,$(OLDEST_IGNORE))
 
 # Molecule and the demo run the collection installed from the built tarball, not the checkout
 molecule demo: export ANSIBLE_COLLECTIONS_PATH := $(INSTALLED):$(ROOT)/.cache/collections
