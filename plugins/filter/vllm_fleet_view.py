@@ -7,6 +7,8 @@ The logic lives in ``plugins/plugin_utils/fleet_view.py`` ``multinode.py`` and `
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view
@@ -47,8 +49,9 @@ def vllm_rollout_plan(hostvars, order, batches=None, hosts=None, groups=None):
         raise AnsibleFilterError(f"vllm_rollout_plan: order must be a list of inventory host names, got {type(order).__name__}")
     # without every inventory host and the groups, nodes given as a group or {group, count} would be resolved in
     # another order than the plans resolve them (issue 39): refuse rather than guess
-    missing = [f"{name}={what}" for name, value, what in (("hosts", hosts, "groups['all']"), ("groups", groups, "groups"))
-               if not isinstance(value, (list, tuple, dict))]
+    missing = [f"{name}={what}" for name, value, kinds, what in (("hosts", hosts, (list, tuple), "groups['all']"),
+                                                                 ("groups", groups, Mapping, "groups"))
+               if not isinstance(value, kinds)]
     if missing:
         raise AnsibleFilterError("vllm_rollout_plan: pass " + " and ".join(missing) + " (the inventory's hosts and "
                                  "groups), so that the hosts of an instance spanning hosts are those its plan takes")

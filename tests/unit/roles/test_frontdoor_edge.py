@@ -62,6 +62,10 @@ class _Anything:
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def completions(self):
+        """The completions it got (not the front doors' health checks, which it records too)."""
+        return len([s for s in self.seen if s[1] == "/v1/completions"])
+
     def close(self):
         self.server.shutdown()
         self.server.server_close()
@@ -262,14 +266,12 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
         _wait_up(door_a, INSTANCE_KEY)
 
         def completions(n):
-            # counted by path: the stand-in routers also see the front doors' health checks (door A checks door B,
-            # which passes /liveness to router B), and under load one lands between two completions (make test)
-            def count(router):
-                return len([s for s in router.seen if s[1] == "/v1/completions"])
-            seen_a, seen_b = count(router_a), count(router_b)
+            # not every request: the stand-in routers also see the front doors' health checks, and under load one
+            # lands between two completions (make test)
+            seen_a, seen_b = router_a.completions(), router_b.completions()
             statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
                                         [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _n in range(n)]
-            return statuses, count(router_a) - seen_a, count(router_b) - seen_b
+            return statuses, router_a.completions() - seen_a, router_b.completions() - seen_b
 
         assert completions(5) == ([200] * 5, 5, 0)
         for _attempt in range(100):  # the backup (door B) rises in A's checks (slower on a loaded machine)
@@ -356,7 +358,7 @@ def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
                                     [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _n in range(12)]
         assert statuses == [200] * 12, statuses
         assert router_a.count == 6, "the request it died on was its sixth"
-        assert len([s for s in router_b.seen if s[1] == "/v1/completions"]) == 7, "the backup took the rest, and that one"
+        assert router_b.completions() == 7, "the backup took the rest, and that one"
     finally:
         for proc in procs:
             proc.terminate()
@@ -428,14 +430,11 @@ def test_a_reload_keeps_drained_and_maintained_servers_out_of_rotation(tmp_path)
         assert res["pid_after"] and res["pid_after"] != res["pid_before"], res
         assert res["kept"] == [{"server": "tiny/a", "state": "drain"}] and res["gone"] == ["tiny/c"], res
         assert until(lambda s: "c" not in s) == {"a": "DRAIN", "b": "UP"}
-        # counted by path: HAProxy still health-checks a drained server
-        def completions_to_a():
-            return len([s for s in servers["a"].seen if s[1] == "/v1/completions"])
-        seen = completions_to_a()
+        seen = servers["a"].completions()  # HAProxy still health-checks a drained server
         for _n in range(4):
             assert edge_probe.send("127.0.0.1", port, "POST", b"/v1/completions", "HTTP/1.1",
                                    [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] == 200
-        assert completions_to_a() == seen, "the drained server got no request after the reload"
+        assert servers["a"].completions() == seen, "the drained server got no request after the reload"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -469,7 +468,7 @@ def test_a_server_put_back_at_a_new_port_gets_the_requests_there(tmp_path):
         for _n in range(3):
             assert edge_probe.send("127.0.0.1", port, "POST", b"/v1/completions", "HTTP/1.1",
                                    [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] == 200
-        assert len([s for s in new.seen if s[1] == "/v1/completions"]) == 3
+        assert new.completions() == 3
         again = _run_module(frontdoor_server, dict(args, state="ready", address="127.0.0.1", port=new.port))
         assert not again["changed"] and not again["moved"], again
     finally:
@@ -521,10 +520,10 @@ def test_two_front_doors_that_back_each_other_up_never_pass_a_request_back_and_f
             time.sleep(0.1)
         assert all(s["status"] == "UP" for n in doors for s in stat(n).values()), [stat(n) for n in doors]
         assert [post("a")[0] for _n in range(3)] == [200] * 3
-        assert len([r for r in routers["a"].seen if r[1] == "/v1/completions"]) == 3
+        assert routers["a"].completions() == 3
         routers.pop("a").close()
         assert [post("a")[0] for _n in range(5)] == [200] * 5, "the backup, door B, answers from router B"
-        assert len([r for r in routers["b"].seen if r[1] == "/v1/completions"]) == 5
+        assert routers["b"].completions() == 5
     finally:
         for proc in procs:
             proc.terminate()
