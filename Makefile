@@ -115,11 +115,15 @@ units-oldest: $(TOOLS)/core-oldest/.stamp venv
 
 # Molecule and the demo run the collection installed from the built tarball, not the checkout
 molecule demo: export ANSIBLE_COLLECTIONS_PATH := $(INSTALLED):$(ROOT)/.cache/collections
+# Each scenario's output is also kept in .cache/logs/molecule-NAME.log; when one fails, its failing lines go to
+# .cache/logs/molecule-NAME.failed, which tools/timed.sh prints after the stage timings (CI shows only the tail).
 molecule: venv collections image install-artifact
-	@mkdir -p .cache/uv .cache/pip-wheelhouse .cache/pip-weights
-	@for s in $(SCENARIOS); do echo "== molecule test -s $$s"; \
-	  start=$$(date +%s); $(BIN)/molecule test -s $$s; \
-	  echo "   molecule $$s: $$(( $$(date +%s) - start )) s"; done
+	@mkdir -p .cache/uv .cache/pip-wheelhouse .cache/pip-weights .cache/logs
+	@for s in $(SCENARIOS); do echo "== molecule test -s $$s"; rm -f .cache/logs/molecule-$$s.failed; \
+	  start=$$(date +%s); rc=0; $(BIN)/molecule test -s $$s 2>&1 | tee .cache/logs/molecule-$$s.log || rc=$$?; \
+	  echo "   molecule $$s: $$(( $$(date +%s) - start )) s"; \
+	  if [ $$rc -ne 0 ]; then tools/failing-lines.sh .cache/logs/molecule-$$s.log "molecule $$s" \
+	    > .cache/logs/molecule-$$s.failed; exit $$rc; fi; done
 
 # The tarball is rebuilt when a file it may contain changed (what git would ship: tracked and
 # untracked, not ignored), so the stages below share one build and one install.

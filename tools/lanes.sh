@@ -40,8 +40,7 @@ done
 # what failed, at the end of the output where CI's tail shows it: the failing lines of each failed lane's log
 for i in "${!names[@]}"; do
   case "${summary[$i]}" in *FAILED*)
-    echo "######## lane ${names[$i]} failed: its failing lines (whole log: .cache/logs/lane-${names[$i]}.log)"
-    grep -E 'FAILED|ERROR|^E  |Error|failed=[1-9]|fatal:' "$logs/lane-${names[$i]}.log" | tail -n 40 | cut -c1-400
+    "$root/tools/failing-lines.sh" "$logs/lane-${names[$i]}.log" "lane ${names[$i]}" | tee "$logs/lane-${names[$i]}.failed"
     ;;
   esac
 done

@@ -15,4 +15,10 @@ done
 echo "######## stage timings"
 printf '%s\n' "${summary[@]}"
 printf '%-10s %5ss\n' total "$(( $(date +%s) - total_start ))"
+# a failed stage's failing lines, last (CI shows only the tail): the newest *.failed file it left in .cache/logs
+if [ $rc -ne 0 ]; then
+  newest=$(find "$(dirname "$0")/../.cache/logs" -maxdepth 1 -name '*.failed' -newermt "@$total_start" -printf '%T@ %p\n' \
+    2>/dev/null | sort -rn | head -n 1 | cut -d' ' -f2-)
+  [ -n "$newest" ] && cat "$newest"
+fi
 exit $rc
