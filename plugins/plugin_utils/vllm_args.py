@@ -90,19 +90,24 @@ def parse_extra_args(extra, where: str) -> list[list[str]]:
     if not isinstance(extra, (list, tuple)):
         raise ValueError(f"{where} must be a list of strings such as ['--enforce-eager', '--dtype float32'], "
                          f"got {type(extra).__name__}")
+    # Items are named by their position, never by their value: a refused item may hold a secret (an API key pasted
+    # into a flag's value), and a refusal is printed and logged.
     tokens = []
-    for item in extra:
+    for pos, item in enumerate(extra):
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-            raise ValueError(f"{where}: item {item!r} is not a string")
+            raise ValueError(f"{where}[{pos}] is {kind(item)}, not a string; give each flag with its value as "
+                             "one string, e.g. '--dtype float32'")
         item = str(item)
         if "\n" in item or "\r" in item or "\0" in item:
-            raise ValueError(f"{where}: item {item!r} contains a line break or NUL character")
+            raise ValueError(f"{where}[{pos}] contains a line break or NUL character (its value is not shown); give "
+                             "the flag and its value on one line")
         try:
             split = shlex.split(item) if item.strip().startswith("-") else [item]
         except ValueError as exc:
-            raise ValueError(f"{where}: cannot split {item!r}: {exc}") from exc
-        tokens.extend(split)
-    for tok in tokens:
+            raise ValueError(f"{where}[{pos}] cannot be split like a shell would split it ({exc}; its value is not "
+                             "shown); close the quote, or give the value without quotes") from None
+        tokens.extend((pos, tok) for tok in split)
+    for pos, tok in tokens:
         if tok.startswith("-") and not _NUMBER.match(tok) and _FLAG.match(tok):
             if "=" in tok:
                 flag, value = tok.split("=", 1)
@@ -112,8 +117,8 @@ def parse_extra_args(extra, where: str) -> list[list[str]]:
         elif groups:
             groups[-1].append(tok)
         else:
-            raise ValueError(f"{where}: {tok!r} comes before any flag; extra_args must start with a flag "
-                             "such as '--enforce-eager'")
+            raise ValueError(f"{where}[{pos}] starts with a value, not a flag (its value is not shown); extra_args "
+                             "must start with a flag such as '--enforce-eager'")
     return groups
 
 
@@ -128,7 +133,9 @@ def check_extra_args(groups, where: str) -> list[str]:
         if base in FORBIDDEN_FLAGS:
             problems.append(f"{where}: '{flag}' is not allowed: {FORBIDDEN_FLAGS[base]}")
         elif base in PROMOTED:
-            pass  # a flag that became a key: accepted as it is, with a warning (see _promoted_warnings)
+            # a flag that became a key: accepted as it is, with a warning (see _promoted_warnings); once
+            if base in seen:
+                problems.append(f"{where}: '{flag}' is given twice (also as '{seen[base]}'); give it once")
         elif base in MANAGED_FLAGS:
             problems.append(f"{where}: '{flag}' duplicates a flag the role sets (--{base}); "
                             f"remove it and set {MANAGED_FLAGS[base]} instead")
