@@ -56,6 +56,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     kind,
     plain,
     shown,
+    suggest,
 )
 
 __all__ = ["PLAN_INPUTS", "PLAN_SCHEMA_VERSION", "PlanContractError", "build_plan", "plan_inputs", "input_problems",
@@ -314,9 +315,8 @@ def _option_problems(options):
         return [f"{where} is {shown(options)} ({kind(options)}); use a dict such as {{reserve_mib: 4096}}, or {{}}"]
     problems = []
     known = list(PLAN_OPTION_DEFAULTS) + ["unit_prefix"]
-    unknown = sorted(str(k) for k in options if k not in known)
-    if unknown:
-        problems.append(f"{where} has unknown keys {', '.join(unknown)}; known: {', '.join(known)}")
+    for key in sorted((k for k in options if k not in known), key=str):
+        problems.append(f"{where} has an unknown key {str(key)!r} (known: {', '.join(known)}){suggest(key, known)}")
     for key in ("reserve_mib", "tolerance_mib", "base_port"):
         value = options.get(key)
         if value is None:

@@ -41,9 +41,9 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool as _as_bool,
     as_float as _as_float,
     as_int as _as_int,
-    edit_distance as _edit_distance,
     kind as _kind,
     plain,
+    suggest,
 )
 
 __all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model_path", "NAME_RE", "SHA_RE",
@@ -62,17 +62,6 @@ DEPRECATED_KEYS = {}
 
 def _where(host):
     return f"host {host}: " if host else ""
-
-
-def _suggest(key, known) -> str:
-    if not isinstance(key, str):
-        return ""
-    if key.replace("-", "_") in known:
-        return f"; did you mean '{key.replace('-', '_')}' (underscores, not dashes)?"
-    close = sorted(known, key=lambda k: _edit_distance(k, key))
-    if close and _edit_distance(close[0], key) <= 2:
-        return f"; did you mean '{close[0]}'?"
-    return ""
 
 
 def _served_names(value, where, problems):
@@ -136,7 +125,7 @@ def _read(raw, schema, where, problems, as_given=()):
             continue
         if key in DEPRECATED_KEYS and DEPRECATED_KEYS[key][0] in schema:
             continue
-        problems.append(f"{where}: unknown key {key!r}{_suggest(key, schema)} "
+        problems.append(f"{where}: unknown key {key!r}{suggest(key, schema)} "
                         f"(known: {', '.join(schema)})")
     for key, (kind, default, _doc) in schema.items():
         value = raw.get(key)

@@ -65,6 +65,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool as _as_bool,
     as_int as _as_int,
     is_int as _is_int,
+    suggest,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import snapshot_dirs
 
@@ -105,9 +106,12 @@ def key_problems(rec, where) -> list:
     nodes = rec.get("nodes")
     if nodes is not None:
         if isinstance(nodes, dict):
-            unknown = sorted(str(k) for k in nodes if k not in ("group", "count"))
+            unknown = sorted((k for k in nodes if k not in ("group", "count")), key=str)
             group, count = nodes.get("group"), nodes.get("count")
-            if unknown or not isinstance(group, str) or not group or not _is_int(count) or count < 1:
+            if unknown:
+                problems += [f"{where}.nodes has an unknown key {str(k)!r} (its keys are group and count)"
+                             + suggest(k, ("group", "count")) for k in unknown]
+            elif not isinstance(group, str) or not group or not _is_int(count) or count < 1:
                 problems.append(f"{where}.nodes is {nodes!r}; give a group and how many of its hosts, e.g. "
                                 "{group: gpu_nodes, count: 2}, or a list of inventory host names (rank 0 first)")
         elif isinstance(nodes, list):

@@ -75,6 +75,20 @@ def edit_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+def suggest(key, known) -> str:
+    """"; did you mean 'k'?" for a misspelt ``key`` (dashes for underscores, at most two edits from a known key
+    ``k``, or ``k`` with its unit left off); "" when nothing known is close. The one suggestion of every refusal of an unknown key, at any depth."""
+    if not isinstance(key, str):
+        return ""
+    if key.replace("-", "_") in known:
+        return f"; did you mean '{key.replace('-', '_')}' (underscores, not dashes)?"
+    close = sorted(known, key=lambda k: edit_distance(k, key))
+    if close and edit_distance(close[0], key) <= 2:
+        return f"; did you mean '{close[0]}'?"
+    longer = [k for k in known if k.startswith(key + "_")]  # a unit left off: reserve -> reserve_mib
+    return f"; did you mean '{longer[0]}'?" if len(longer) == 1 else ""
+
+
 def plain(value, _depth=0):
     """The same data as Python's own types: dict, list, str, int, float, bool, None.
 

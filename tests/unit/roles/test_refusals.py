@@ -32,6 +32,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (
     input_problems,
     inventory_problems,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils import host_plan, multinode
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import INSTANCE_KEYS, MODEL_KEYS, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import env_problems
@@ -123,7 +124,7 @@ def test_every_plan_input_problem_at_once():
                    "vllm_service_vllm_port_stride is 'x'",
                    "vllm_service_environment: PATH is '${PATH}:/x', but systemd does not expand ${PATH}",
                    "vllm_service_unit_prefix is 'a b'", "vllm_verify_idle_gpus is 'warn'",
-                   "vllm_preflight_plan_options has unknown keys typo",
+                   "vllm_preflight_plan_options has an unknown key 'typo' (known: reserve_mib",
                    "vllm_preflight_plan_options.base_port is 443", "vllm_preflight_plan_options.memory_base is 'all'",
                    "vllm_preflight_plan_options.use_uuids is 'sometimes'", "vllm_service_network_interface is 'eth 1'",
                    "vllm_preflight_min_systemd_version is 0"):
@@ -425,3 +426,15 @@ def test_the_validation_reads_the_preflight_spec_and_runs_before_it():
     assert "tasks_from: input_problems" in tasks
     spec = load_yaml("roles", "vllm_validate", "meta", "argument_specs.yml")["argument_specs"]
     assert spec["main"]["options"] == {}  # nothing for Ansible to refuse ahead of the messages
+
+
+def test_a_misspelt_nested_key_gets_the_closest_known_key():
+    """Issue 39: the closest known key at any depth: an instance's nodes, the placement options."""
+    problems = host_plan._option_problems({"reserve": 1, "tolerance_mb": 2})
+    assert problems == [
+        "vllm_preflight_plan_options has an unknown key 'reserve' (known: reserve_mib, tolerance_mib, use_uuids, "
+        "base_port, memory_base, unit_prefix); did you mean 'reserve_mib'?",
+        "vllm_preflight_plan_options has an unknown key 'tolerance_mb' (known: reserve_mib, tolerance_mib, use_uuids, "
+        "base_port, memory_base, unit_prefix); did you mean 'tolerance_mib'?"]
+    assert multinode.key_problems({"nodes": {"gruop": "gpu", "count": 2}}, "vllm_instances[0] (big)") == [
+        "vllm_instances[0] (big).nodes has an unknown key 'gruop' (its keys are group and count); did you mean 'group'?"]
