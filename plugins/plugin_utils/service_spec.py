@@ -311,7 +311,8 @@ def cpu_build_settings(name, entry, cpus, args, env, opts, warnings):
       when compilation is off); compilation mode 1 with the eager backend (``-cc.mode=1
       -cc.backend=eager``) serves, so the role drops ``--enforce-eager`` and sets those instead.
     * ``VLLM_CPU_OMP_THREADS_BIND``: each rank on this host gets its OpenMP threads on its own share of
-      the instance's CPUs (``0|1`` for two ranks on CPUs 0-1), so the ranks never compete for one core.
+      the instance's CPUs (``0|1`` for two ranks on CPUs 0-1), so the ranks never compete for one core; with
+      fewer CPUs than ranks they share them (``1|1``, with a warning): vLLM's own binding would not start.
     Single-rank instances and the CUDA build are left as they are.
     """
     if opts["variant"] != "cpu":
@@ -340,8 +341,13 @@ def cpu_build_settings(name, entry, cpus, args, env, opts, warnings):
     elif len(cpus) >= ranks:
         extra["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(compress_ints(c) for c in rank_cpu_sets(cpus, ranks))
     elif cpus:
-        warnings.append(f"instance '{name}': {ranks} ranks but only {len(cpus)} CPUs ({compress_ints(cpus)}); "
-                        "VLLM_CPU_OMP_THREADS_BIND left to vLLM (auto)")
+        # fewer CPUs than ranks: vLLM's own binding ('auto') then refuses to start ("Not enough allowed NUMA nodes to
+        # bind threads", issue 39); ranks that share CPUs start (measured in Molecule: two ranks on one CPU, 1|1)
+        cpus = sorted(set(cpus))
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(cpus[r % len(cpus)]) for r in range(ranks))
+        warnings.append(f"instance '{name}': {ranks} ranks but only {len(cpus)} CPUs ({compress_ints(cpus)}): the "
+                        f"ranks share them (VLLM_CPU_OMP_THREADS_BIND={extra['VLLM_CPU_OMP_THREADS_BIND']}), so each "
+                        "gets less than a CPU of its own; pin it to a NUMA node with more CPUs, or lower its ranks")
     names = {k for k, _v in env}
     for key, val in extra.items():
         if key not in names:  # the inventory's env (vllm_service_environment, env) wins
