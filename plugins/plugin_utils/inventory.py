@@ -324,10 +324,32 @@ def _instance(pos, raw, models, host, problems, refused=()):
         if rec.get(key) is None and model.get(key) is not None:
             rec[key] = model[key]
     rec["trust_remote_code"] = bool(rec["trust_remote_code"])
+    cross = scheduler_problems(rec, where)
+    if cross:
+        problems.extend(cross)
+        return None
     # the names clients ask for; the plan's served_model_name is the first
     rec["served_model_name"] = rec["served_model_name"] or [
         model["repo_id"] if model.get("repo_id") else model["key"]]
     return rec
+
+
+def scheduler_problems(rec, where):
+    """What vLLM's scheduler refuses at start, refused in the plan: the rules of ``SchedulerConfig.verify_max_model_len``
+    (vllm/config/scheduler.py, vLLM 0.32.0) between the settings an instance (with its model's) gives. A rule is
+    checked when the inventory gives both of its sides (vLLM's own defaults depend on the device it finds)."""
+    problems = []
+    tokens, seqs, length = rec.get("max_num_batched_tokens"), rec.get("max_num_seqs"), rec.get("max_model_len")
+    if tokens is not None and length is not None and tokens < length and rec.get("enable_chunked_prefill") is False:
+        problems.append(f"{where}: max_num_batched_tokens {tokens} is smaller than max_model_len {length} with "
+                        "enable_chunked_prefill false, which vLLM refuses at start (a prompt could never fit one "
+                        f"step); raise max_num_batched_tokens to {length} or more, lower max_model_len, or leave "
+                        "chunked prefill on")
+    if tokens is not None and seqs is not None and tokens < seqs:
+        problems.append(f"{where}: max_num_batched_tokens {tokens} is smaller than max_num_seqs {seqs}, which vLLM "
+                        f"refuses at start (every running sequence needs a token of each step); raise "
+                        f"max_num_batched_tokens to {seqs} or more, or lower max_num_seqs")
+    return problems
 
 
 def normalise(models, instances, host=None, models_dir="/var/lib/inferops/models"):
