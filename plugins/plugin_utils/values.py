@@ -6,8 +6,8 @@ import math
 import re
 from collections.abc import Mapping
 
-__all__ = ["compress_ints", "is_int", "as_int", "as_float", "as_bool", "edit_distance", "plain", "kind", "shown",
-           "scrub"]
+__all__ = ["compress_ints", "is_int", "as_int", "as_float", "as_bool", "edit_distance", "suggest", "plain", "kind",
+           "shown", "scrub"]
 
 
 def compress_ints(values) -> str:

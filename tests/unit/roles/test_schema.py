@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils import schema
 from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PlanContractError, build_plan
+from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import scheduler_problems
 from test_plan_contract import ROOT, SHA, host_facts
 
 MODELS = {"m": {"repo_id": "org/m", "revision": SHA}}
@@ -116,6 +117,10 @@ def test_the_key_and_its_flag_together_are_refused():
 def test_any_valid_settings_give_exactly_their_flags(values):
     """Property: for settings of the right type, each row gives its flags, and no other row adds one."""
     valid = {k: v for k, v in values.items() if schema.value_problem(k, v) is None}
+    if scheduler_problems(valid, "m"):  # valid each, refused together (what vLLM's scheduler refuses at start)
+        with pytest.raises(PlanContractError, match="which vLLM refuses at start"):
+            plan({"m": dict(MODELS["m"], **valid)})
+        return
     argv = plan({"m": dict(MODELS["m"], **valid)})["instances"][0]["argv"]
     for row in schema.FLAG_ROWS:
         flag = "--" + row["flag"]
