@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Print plugins/plugin_utils/vllm_choices.py from a vLLM source tree (issue 39).
 
 The plan refuses a ``quantization`` or ``kv_cache_dtype`` that the pinned vLLM would refuse at start; the lists come
