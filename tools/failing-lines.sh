@@ -2,11 +2,11 @@
 # The lines of a test log that say what failed, short enough for the tail that CI shows.
 # usage: failing-lines.sh LOG WHAT
 # pytest's short summary (FAILED/ERROR node - message), its assertion lines (E ...), Ansible's fatal tasks and
-# recaps with failures: the last 14 of them, each cut at 300 characters.
+# recaps with failures (not Molecule's polls): the last 16 of them, each cut at 300 characters.
 set -u
 log=$1 what=$2
 echo "######## $what failed: its failing lines (whole log: $log)"
 sed 's/\x1b\[[0-9;]*m//g' "$log" \
   | grep -E '^(FAILED|ERROR) |^E  |fatal: \[|failed=[1-9]|Verifier tests failed|Action failed|ERROR[^:]*:' \
-  | tail -n 14 | cut -c1-300
+  | grep -v 'FAILED - RETRYING' | tail -n 16 | cut -c1-300
 exit 0
