@@ -49,7 +49,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import 
     service_specs,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import canonical_flag, env_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import VLLM_VERSION, choice_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import CHOICES, VLLM_VERSION
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import VERIFY_MODES, plan_items
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
     as_bool,
@@ -61,7 +61,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
 )
 
 __all__ = ["PLAN_INPUTS", "PLAN_SCHEMA_VERSION", "PlanContractError", "build_plan", "plan_inputs", "input_problems",
-           "inventory_problems", "address_problem"]
+           "inventory_problems", "address_problem", "choice_problems"]
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -387,6 +387,25 @@ def inventory_problems(models, instances, inputs=None, host=None):
     if not problems and isinstance(given.get("vllm_install_models_dir"), str):
         models_dir = given["vllm_install_models_dir"]
     return problems + normalise(models, instances, host=host, models_dir=models_dir)["problems"]
+
+
+def choice_problems(records, version):
+    """One sentence per instance setting that vLLM ``version`` would refuse at start: a value not among that release's
+    own choices (``vllm_choices.CHOICES``, read from its source). Another release's lists are not known here: nothing
+    is checked for it."""
+    if version != VLLM_VERSION:
+        return []
+    problems = []
+    for rec in records:
+        for key, choices in CHOICES.items():
+            value = rec.get(key)
+            if value is not None and value not in choices:
+                # the same name in another case or with '-' for '_' (not values.suggest's edits: 'fp9' is no 'fp8')
+                close = [c for c in choices if c.replace("-", "_").lower() == str(value).replace("-", "_").lower()]
+                problems.append(f"vllm_instances[{rec.get('position', 0)}] ({rec.get('name')}): {key} is {value!r}, "
+                                f"which vLLM {VLLM_VERSION} does not accept"
+                                + (f"; did you mean {close[0]!r}?" if close else "") + "; use one of " + ", ".join(choices))
+    return problems
 
 
 def cpu_rank_problems(records, online_cpus):

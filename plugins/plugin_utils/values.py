@@ -77,7 +77,8 @@ def edit_distance(a: str, b: str) -> int:
 
 def suggest(key, known) -> str:
     """"; did you mean 'k'?" for a misspelt ``key`` (dashes for underscores, at most two edits from a known key
-    ``k``, or ``k`` with its unit left off); "" when nothing known is close. The one suggestion of every refusal of an unknown key, at any depth."""
+    ``k``, or ``k`` with its unit left off); "" when nothing known is close. The one suggestion of every refusal
+    of an unknown key or name, at any depth."""
     if not isinstance(key, str):
         return ""
     if key.replace("-", "_") in known:

@@ -14,8 +14,8 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
-from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import CHOICES, VLLM_VERSION, choice_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, choice_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import CHOICES, VLLM_VERSION
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 
