@@ -8,6 +8,8 @@ nothing escapes: an unexpected error on odd input becomes one more problem namin
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleError, AnsibleFilterError
 from jinja2.exceptions import TemplateError
 
@@ -15,6 +17,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (
     PLAN_SCHEMA_VERSION,
     PlanContractError,
     build_plan,
+    plan_fleet,
 )
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import scrub
 
@@ -50,8 +53,23 @@ def vllm_plan(models, instances, facts=None, inputs=None, host=None, fleet=None,
         return {"schema": PLAN_SCHEMA_VERSION, "host": host, "problems": [unexpected(host, exc)]}
 
 
+def vllm_fleet_plan(given, fleet=None):
+    """Every host's plan at once, the routers' workers read from the plans; see vllm_fleet_plan.yml. Never raises:
+    a host that cannot be planned gets ``{"schema": 1, "host": ..., "problems": [...]}``."""
+    if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
+        raise AnsibleFilterError("vllm_fleet_plan: pass a dict of inventory host -> {models, instances, facts, inputs} "
+                                 "(what vllm_plan takes for that host)")
+    given = {str(h): dict(v) for h, v in given.items()}
+    try:
+        plans = plan_fleet(given, fleet)
+    except Exception as exc:  # pylint: disable=broad-exception-caught
+        return {h: {"schema": PLAN_SCHEMA_VERSION, "host": h, "problems": [unexpected(h, exc)]} for h in given}
+    return {h: dict(p, schema=PLAN_SCHEMA_VERSION, host=h, problems=[scrub(x) for x in p["problems"]])
+            if "problems" in p else p for h, p in plans.items()}
+
+
 class FilterModule:
     """The plan contract."""
 
     def filters(self):
-        return {"vllm_plan": vllm_plan}
+        return {"vllm_plan": vllm_plan, "vllm_fleet_plan": vllm_fleet_plan}

@@ -29,7 +29,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
     metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports, worker_frontdoors)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
-    ROUTER_POLICIES, SCALE_OUT_FLAG, plan_routers, router_workers)
+    ROUTER_POLICIES, SCALE_OUT_FLAG, fleet_endpoints, plan_routers, routed_policies, router_workers)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -502,34 +502,34 @@ def _frontdoor_runtime(opts):
             "ready_timeout": int(opts["frontdoor_ready_timeout"])}
 
 
-def _scale_out(placed, models, workers):
-    """The instances a cache_aware router routes to serve the render endpoints it tokenizes with (router.py)."""
-    names = {w["instance"] for w in workers if w["policy"] == "cache_aware"}
+def _scale_out(placed, models, policies):
+    """The instances a cache_aware router routes to serve the render endpoints it tokenizes with (router.py):
+    every instance that serves the API here (not a headless rank) of a model a cache_aware router routes."""
     for entry in placed:
-        if entry.get("name") not in names:
+        mn = entry.get("multinode") or {}
+        if "cache_aware" not in policies.get(entry.get("model"), ()) or mn.get("headless"):
             continue
         given = list((models.get(entry.get("model")) or {}).get("extra_args") or []) + list(entry.get("extra_args") or [])
         if not any(canonical_flag(str(g).split()[0]) == SCALE_OUT_FLAG.lstrip("-") for g in given if str(g).strip()):
             entry["extra_args"] = list(entry.get("extra_args") or []) + [SCALE_OUT_FLAG]
 
 
-def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
-    """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
-
-    ``fleet``: the fleet view (inventory host -> groups, addresses, interface, gpu_count, models_dir, ...;
-    see ``plugins/plugin_utils/multinode.py``), needed when an instance spans hosts (``nodes``) and for the
-    routers (``router.py``).
-    """
+def _plan_host(models, instances, facts, inputs, host, fleet):
+    """The part of a host's plan its own inventory and facts decide (everything but the routers' workers, which
+    need the other hosts' plans): a state for ``_plan_routing``, or PlanContractError."""
     facts = plain(facts) if isinstance(facts, dict) else {}
-    problems = inventory_problems(models, instances, inputs, host)
+    problems = input_problems(inputs)
+    opts = None if problems else plan_inputs(inputs)
+    # the one normalisation of this host's inventory in this plan
+    norm = normalise(models, instances, host=host,
+                     models_dir=opts["models_dir"] if opts else PLAN_INPUTS["vllm_install_models_dir"][1])
+    problems += norm["problems"]
     if problems:
         raise PlanContractError(problems, host)
-    opts = plan_inputs(inputs)
     popts = opts["plan_options"]
     gpu = opts["gpu"]
-    norm = normalise(models, instances, host=host, models_dir=opts["models_dir"])
     gpus = facts.get("gpus") or []
-    records, problems = resolve_multinode(norm["instances"], norm["models"], host, plain(fleet), {
+    records, problems = resolve_multinode(norm["instances"], norm["models"], host, fleet, {
         "network_interface": opts["network_interface"], "fast_interconnect": opts["fast_interconnect"],
         "models_dir": opts["models_dir"], "default_models_dir": PLAN_INPUTS["vllm_install_models_dir"][1],
         "gpu": gpu})
@@ -546,8 +546,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     except PlanError as exc:
         raise PlanContractError(exc.problems, host) from exc
     placed = [restore_multinode(entry) for entry in placed]
-    workers_here = router_workers(host, plain(fleet))
-    _scale_out(placed, norm["models"], workers_here)
+    _scale_out(placed, norm["models"], routed_policies(fleet or {}))
     venv = opts["install_prefix"].rstrip("/") + "/current"
     specs = service_specs(
         placed, norm["models"], host=opts["host"], venv=venv, python=None,
@@ -575,16 +574,32 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         opts["node_exporter_bind_address"] or opts["frontdoor_bind_address"] or opts["host"],
         opts["node_exporter_port"], opts["vllm_port_stride"])
     problems += ne_problems
+    return {"host": host, "facts": facts, "opts": opts, "models": norm["models"], "out": out, "shared": shared,
+            "gpus": gpus, "warnings": specs["warnings"], "weights": weights, "skipped": skipped,
+            "frontdoors": frontdoors, "frontdoor_metrics": frontdoor_metrics, "node_exporter": node_exporter,
+            "venv": venv, "problems": problems}
+
+
+def _plan_routing(state, fleet, endpoints):
+    """The rest of the plan: the routers of this host and the routers its instances are workers of, from
+    ``endpoints`` (host -> the instances its plan serves, ``router.fleet_endpoints``); the plan or
+    PlanContractError."""
+    host, opts, out, models = state["host"], state["opts"], state["out"], state["models"]
+    facts, gpus, popts, gpu = state["facts"], state["gpus"], opts["plan_options"], opts["gpu"]
+    frontdoors, frontdoor_metrics, node_exporter = state["frontdoors"], state["frontdoor_metrics"], state["node_exporter"]
+    problems = list(state["problems"])
+    fleet = fleet or {}
+    workers_here = router_workers(host, fleet, endpoints)
     bind = opts["frontdoor_bind_address"] or opts["host"]
     routers, router_problems = plan_routers(
-        host, plain(fleet), norm["models"],
+        host, fleet, models,
         {"router_policy": opts["router_policy"], "router_listen_base": opts["router_listen_base"],
          "router_metrics_base": opts["router_metrics_base"], "metrics_bind_address": bind},
-        taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter))
+        taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter), endpoints)
     problems += router_problems
-    workers_fd = worker_frontdoors(workers_here, out, norm["models"])
+    workers_fd = worker_frontdoors(workers_here, out, models)
     if routers or workers_fd:
-        frontdoors = (frontdoors + [router_frontdoor(r, bind, norm["models"][r["model"]]) for r in routers]
+        frontdoors = (frontdoors + [router_frontdoor(r, bind, models[r["model"]]) for r in routers]
                       + workers_fd)
         if frontdoor_metrics is None:  # the host's HAProxy serves routers or workers only: its metrics listener too
             frontdoor_metrics, fd_problems = metrics_listener(
@@ -597,7 +612,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "expected": [e for inst in out for e in inst["expected"]],
         "idle_gpus": opts["idle_gpus"],
         "idle_max_mib": int(opts["idle_max_mib"]),
-        "allow_shared_gpus": bool(shared),
+        "allow_shared_gpus": bool(state["shared"]),
         "memory_base": popts["memory_base"],
     }
     return {
@@ -618,7 +633,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         # queue (which drains and puts back with the frontdoor_server module) read them here, both
         "frontdoor_runtime": _frontdoor_runtime(opts),
         # what the weights role fetches (one item per snapshot) and where; models served from a path are skipped
-        "weights": {"models": weights, "skipped": skipped},
+        "weights": {"models": state["weights"], "skipped": state["skipped"]},
         # who the instances run as and who owns their weights (the service and weights roles read it)
         "run_as": {"user": opts["user"], "group": opts["group"]},
         # how the roles install packages on the host (the install role's inputs; the weights role's tools venv
@@ -626,15 +641,58 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
         "installer": {k: list(opts[k]) if k == "find_links" else opts[k]
                       for k in ("python", "tools_dir", "index_url", "extra_index_url", "find_links", "ca_bundle",
                                 "pip_cache_dir")},
-        "paths": {"venv": venv, "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
+        "paths": {"venv": state["venv"], "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
                   "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},
         "host_facts": {"systemd_version": facts.get("systemd_version"),
                        "kernel_numa_nodes": facts.get("kernel_numa_nodes"),
                        "online_cpus": compress_ints(int_list(facts.get("online_cpus")) or []),
                        "gpu_count": len(gpus)},
-        "warnings": specs["warnings"],
+        "warnings": state["warnings"],
         # broken GPU peer-to-peer is harmless when every instance runs without it (the health stage reads this)
         "p2p_mitigated": str((opts["nccl_env"] or {}).get("NCCL_P2P_DISABLE", "")) == "1"
         and bool(opts["disable_custom_all_reduce"]),
     }
+
+
+def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None):
+    """The plan of one host (see module docstring and docs/plan.md) or PlanContractError.
+
+    ``fleet``: the fleet view (inventory host -> groups, addresses, interface, gpu_count, models_dir, ...;
+    see ``plugins/plugin_utils/multinode.py``), needed when an instance spans hosts (``nodes``) and for the
+    routers (``router.py``). The other hosts of the view are not planned here: a router reads their instances'
+    ports from their inventory by the plan's own rule (``router.inventory_endpoints``); ``plan_fleet`` plans
+    every host of a play at once and reads them from the plans.
+    """
+    fleet = plain(fleet) if isinstance(fleet, dict) else None
+    state = _plan_host(models, instances, facts, inputs, host, fleet)
+    view = fleet or {}
+    return _plan_routing(state, view, fleet_endpoints(view, {host: state["out"]}))
+
+
+def plan_fleet(given, fleet):
+    """The fleet plan: every host of ``given`` planned once, then the views that span hosts (the routers and their
+    workers) read from those plans.
+
+    ``given``: host -> ``{models, instances, facts, inputs}`` (what ``build_plan`` takes for that host);
+    ``fleet``: the fleet view of every inventory host (``fleet_view.py``). Returns host -> the plan, or
+    ``{"problems": [...]}`` for a host that cannot be planned (each line names the host). A host of the view
+    that is not in ``given`` (outside the play), or whose plan was refused, is reached by the routers at the
+    ports its inventory gets by the plan's rule (``router.inventory_endpoints``).
+    """
+    fleet = plain(fleet) if isinstance(fleet, dict) else {}
+    states, out = {}, {}
+    for host, item in given.items():
+        item = item if isinstance(item, dict) else {}
+        try:
+            states[host] = _plan_host(item.get("models"), item.get("instances"), item.get("facts"),
+                                      item.get("inputs"), host, fleet or None)
+        except PlanContractError as exc:
+            out[host] = {"problems": exc.lines}
+    endpoints = fleet_endpoints(fleet, {h: st["out"] for h, st in states.items()})
+    for host, state in states.items():
+        try:
+            out[host] = _plan_routing(state, fleet, endpoints)
+        except PlanContractError as exc:
+            out[host] = {"problems": exc.lines}
+    return {h: out[h] for h in given}

@@ -2,7 +2,8 @@
 """The fleet's routers: one ``vllm-router`` per model on each host of the group ``vllm_routers``, over the
 model's instances on every host (controller side, pure Python, no Ansible imports).
 
-``plan_routers(host, fleet, models, opts, taken)`` and ``router_workers(host, fleet)`` read the fleet view
+``plan_routers(host, fleet, models, opts, taken, endpoints)`` and ``router_workers(host, fleet, endpoints)`` read the
+fleet view
 (``fleet_view.py``: every inventory host's groups, ``vllm_instances``, ``vllm_models``, bind address, router
 address and port base) and give the plan of ``host``:
 
@@ -21,9 +22,9 @@ address and port base) and give the plan of ``host``:
 A worker is every instance of the model, on every host of the inventory, in inventory order: a single-host instance
 (no ``nodes``) on its host, an instance that spans hosts once, on its rank 0's host (``multinode.serves_api_on``: the
 rank that serves the API; the headless ranks are never workers, and the service role's group restart takes rank 0 out
-of its routers first). Its URL: ``http://<address>:<port>``; the port is the instance's own or the one ``base_port``
-gives it (``placement.assign_ports`` over the instances that host's own plan keeps, the rule that plan applies: a
-multi-node instance of other hosts is not counted, ``multinode.planned_on``); the address is that host's: loopback
+of its routers first). Its URL: ``http://<address>:<port>``; the port is the one that host's plan gives it
+(``fleet_endpoints``: read from the plans of the hosts planned in this run, ``host_plan.plan_fleet``; a host that is
+not, outside the play, from its inventory through the same normalisation and port rule); the address is that host's: loopback
 on the router's own host, else the host's ``vllm_router_worker_address``, else its ``vllm_service_host`` when that is
 one address, else the IPv4 address of its ``vllm_service_network_interface`` (network facts). An instance bound to
 loopback on another host is reached through a worker listener of that host's front door (``_worker_address``);
@@ -32,11 +33,13 @@ without an address for it: a problem naming the variable to set.
 from __future__ import annotations
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import connect_host
+from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on, serves_api_on
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
-__all__ = ["plan_routers", "router_workers", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name",
+__all__ = ["plan_routers", "router_workers", "plan_endpoints", "inventory_endpoints", "fleet_endpoints",
+           "routed_policies", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name",
            "SCALE_OUT_FLAG"]
 
 #: The vLLM flag that registers the render endpoints (``/v1/completions/render``, ...) vllm-router's cache_aware
@@ -121,26 +124,62 @@ def _worker_address(name, entry, router_host):
                   "router host reaches it at (or vllm_service_network_interface, whose address is then used)"), False
 
 
-def _workers(fleet, model, router_host):
+def plan_endpoints(instances):
+    """The instances of a host's plan a router can route to: ``[{instance, model, port}]`` (those that serve the API
+    on the host: single-host instances and rank 0 of one that spans hosts; a headless rank has no ``url``)."""
+    return [{"instance": i["name"], "model": i["model"]["key"], "port": i["port"]}
+            for i in instances if i.get("url") is not None and i.get("port") is not None]
+
+
+def inventory_endpoints(name, entry, fleet):
+    """The same list for a host that is not planned in this run (outside the play, or its plan was refused): its
+    inventory through the one normalisation and the plan's port rule (``placement.assign_ports`` over the instances
+    its plan keeps, ``multinode.planned_on``), so it agrees with the plan that host gets when it is planned."""
+    norm = normalise(entry.get("models"), entry.get("instances"), host=name)
+    kept = [r for r in norm["instances"] if planned_on(r.get("nodes"), name, fleet)]
+    ports = assign_ports([r.get("port") for r in kept], as_int(entry.get("base_port")) or 8000)
+    return [{"instance": r["name"], "model": r["model"], "port": p} for r, p in zip(kept, ports)
+            if p is not None and (r.get("nodes") is None or serves_api_on(r.get("nodes"), name, fleet))]
+
+
+def fleet_endpoints(fleet, planned):
+    """Host -> its endpoints (``plan_endpoints``): from ``planned`` (host -> the plan's instances) where the host was
+    planned, else from its inventory (``inventory_endpoints``); only hosts with an instance of a routed model."""
+    routed = {m for entry in fleet.values() if _is_router_host(entry) for m in _router_models(entry)}
+    out = {}
+    for name, entry in fleet.items():
+        if name in planned:
+            out[name] = plan_endpoints(planned[name])
+        elif any(isinstance(i, dict) and i.get("model") in routed for i in (entry.get("instances") or [])):
+            out[name] = inventory_endpoints(name, entry, fleet)
+    return out
+
+
+def routed_policies(fleet):
+    """Model -> the policies of the routers that route it (every host of ``vllm_routers`` whose models set
+    ``router_port``): what a worker's argv depends on, known before any port is (``SCALE_OUT_FLAG``)."""
+    out = {}
+    for entry in fleet.values():
+        if _is_router_host(entry):
+            for key in _router_models(entry):
+                out.setdefault(key, []).append(entry.get("router_policy") or "cache_aware")
+    return out
+
+
+def _workers(fleet, model, router_host, endpoints):
     """[{host, instance, url}] of every instance of ``model`` in the fleet (one that spans hosts at its rank 0's host
-    only), and the problems."""
+    only), at the port of its host's plan (``endpoints``), and the problems."""
     workers, problems = [], []
     for name, entry in fleet.items():
-        # the instances this host's own plan keeps (not a multi-node instance of other hosts), in its order
-        raw = [i for i in (entry.get("instances") or []) if isinstance(i, dict) and planned_on(i.get("nodes"), name, fleet)]
-        ports = assign_ports([as_int(i.get("port")) for i in raw],
-                             as_int(entry.get("base_port")) or 8000)
-        mine = [(i, p) for i, p in zip(raw, ports)
-                if i.get("model") == model and p is not None
-                and (i.get("nodes") in (None, "") or serves_api_on(i.get("nodes"), name, fleet))]
+        mine = [e for e in endpoints.get(name) or [] if e["model"] == model]
         if not mine:
             continue
         address, problem, listener = _worker_address(name, entry, router_host)
         if problem:
             problems.append(problem)
             continue
-        workers += [dict({"host": name, "instance": str(i.get("name")), "url": _url(address, p)},
-                         **({"listener": {"address": address, "port": p}} if listener else {})) for i, p in mine]
+        workers += [dict({"host": name, "instance": e["instance"], "url": _url(address, e["port"])},
+                         **({"listener": {"address": address, "port": e["port"]}} if listener else {})) for e in mine]
     return workers, problems
 
 
@@ -171,12 +210,13 @@ def _backups(fleet, model, router_host):
     return backups, problems
 
 
-def plan_routers(host, fleet, models, opts, taken):
+def plan_routers(host, fleet, models, opts, taken, endpoints):
     """``(routers, problems)`` of ``host`` (empty unless it is in ``vllm_routers``); see the module docstring.
 
     ``models``: this host's normalised models; ``opts``: the plan inputs (``router_policy``,
     ``router_listen_base``, ``router_metrics_base``, ``metrics_bind_address``); ``taken``: ports this host
-    already uses, ``[(low, high, what)]``.
+    already uses, ``[(low, high, what)]``; ``endpoints``: host -> the instances its plan serves
+    (``fleet_endpoints``).
     """
     fleet = fleet if isinstance(fleet, dict) else {}
     routers, problems = [], []
@@ -191,7 +231,7 @@ def plan_routers(host, fleet, models, opts, taken):
                                (models[key]["router_port"], f"vllm_models.{key}.router_port")):
                 problems += [f"{what} is {port}, which is {used}; give it a port nothing else on the host uses"
                              for low, high, used in taken if low <= port <= high]
-            workers, worker_problems = _workers(fleet, key, host)
+            workers, worker_problems = _workers(fleet, key, host, endpoints)
             problems += worker_problems
             backups, backup_problems = _backups(fleet, key, host)
             problems += backup_problems
@@ -219,16 +259,16 @@ def plan_routers(host, fleet, models, opts, taken):
     return routers, problems
 
 
-def router_workers(host, fleet):
+def router_workers(host, fleet, endpoints):
     """This host's instances that a router of the fleet routes to (the plan's ``router_workers``); see the module
-    docstring. The plan reads it once: the workers of a cache_aware router get ``SCALE_OUT_FLAG``."""
+    docstring; ``endpoints``: ``fleet_endpoints``."""
     fleet = fleet if isinstance(fleet, dict) else {}
     workers_of_host = []
     for router_host, entry in fleet.items():
         if not _is_router_host(entry):
             continue
         for key in _router_models(entry):
-            workers = _workers(fleet, key, router_host)[0]
+            workers = _workers(fleet, key, router_host, endpoints)[0]
             hosts = list(dict.fromkeys(w["host"] for w in workers))
             listen = _listen_port(entry, key)
             if host not in hosts or listen is None:
