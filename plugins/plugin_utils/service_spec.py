@@ -192,6 +192,9 @@ def _binding(name, entry, opts, warnings):
                 "in VMs); memory binding (NUMAPolicy=/NUMAMask=) skipped, CPUAffinity= still applies")
         elif opts["systemd_version"] is not None and opts["systemd_version"] < opts["numa_policy_min_systemd"]:
             numa_mode = "numactl"
+            warnings.append(f"instance '{name}': systemd {opts['systemd_version']} is older than "
+                            f"{opts['numa_policy_min_systemd']} (vllm_preflight_min_systemd_version), which has no "
+                            f"NUMAPolicy=; memory is bound to NUMA node {numa} with numactl instead")
         else:
             numa_mode = "systemd"
     prefix = [opts["numactl"], f"--cpunodebind={numa}", f"--membind={numa}", "--"] if numa_mode == "numactl" else []

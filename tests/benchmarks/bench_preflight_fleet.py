@@ -1,4 +1,4 @@
-"""Benchmark the fleet-wide steps of a run over N stand-in hosts: controller CPU per host at 8 and 64 hosts.
+"""Benchmark the fleet-wide steps of a run over N stand-in hosts: controller CPU per host at 8, 64 and 128 hosts.
 
 Each stand-in host is a local-connection inventory host whose ``nvidia-smi`` is the GPU simulator
 (``tests/gpusim``, profile ``hgx-8x-h200``): the real ``ansible-playbook`` runs, for every host,
@@ -9,12 +9,15 @@ Each stand-in host is a local-connection inventory host whose ``nvidia-smi`` is 
 * the read-only first stage of the weights role (which snapshots, who fetches what from whom: fan-out on);
 * the service role's rank judge (``tasks_from: ranks``: every host's report of its multi-node ranks).
 
-It prints the CPU seconds (user + system, of ``ansible-playbook`` and every process it ran: the modules run on
-this machine too, through the local connection) and the wall time, in total and per host, for each N. A step
-that reads every host's variables on every host grows the per-host figure with N (O(N^2) in total); a flat
-per-host figure means the run is linear in the fleet.
+It prints, for each N, the CPU seconds (user + system) in total and per host, split in two: the controller's
+(``ansible-playbook`` and its workers: templating, the plan, the fleet-wide steps) and the hosts' (the modules and
+what they run, here on this machine through the local connection; on a real fleet they run on the hosts). The
+interpreter of the stand-in hosts is a shell wrapper that writes its children's CPU time (``times``) to a file
+per module call; the controller's figure is the total less those. A step that reads every host's variables on
+every host grows the per-host figure with N (O(N^2) in total); a flat per-host figure means the run is linear in
+the fleet.
 
-Usage: .venv/bin/python tests/benchmarks/bench_preflight_fleet.py [--hosts 8 64] [--forks 16]
+Usage: .venv/bin/python tests/benchmarks/bench_preflight_fleet.py [--hosts 8 64 128] [--forks 16]
        [--collection DIR] [--keep]
 
 ``--collection DIR`` runs another copy of the collection (DIR holds ``ansible_collections/inferops/vllm``),
@@ -56,13 +59,37 @@ PLAYBOOK = """- name: The fleet-wide steps of a run, on stand-in hosts
 """
 
 
-def inventory(count, smi):
+WRAPPER = """#!/bin/sh
+# the stand-in host's interpreter: runs the module, then writes its CPU time (the children's line of times)
+"%s" "$@"
+rc=$?
+times > "%s/$$"
+exit $rc
+"""
+
+
+def host_cpu(times_dir):
+    """Seconds of CPU the module calls used (the sum of the wrappers' children lines), and how many calls."""
+    total, calls = 0.0, 0
+    for name in os.listdir(times_dir):
+        with open(os.path.join(times_dir, name)) as handle:
+            lines = handle.read().split("\n")
+        if len(lines) < 2:
+            continue
+        for part in lines[1].split():
+            minutes, seconds = part.rstrip("s").split("m")
+            total += int(minutes) * 60 + float(seconds)
+        calls += 1
+    return total, calls
+
+
+def inventory(count, smi, python):
     hosts = {}
     for i in range(count):
         name = f"node-{i:03d}"
         instances = [{"name": "chat", "model": "m", "tensor_parallel_size": 4},
                      {"name": "big", "model": "big", "tensor_parallel_size": 4}]
-        hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+        hosts[name] = {"ansible_connection": "local", "ansible_python_interpreter": python,
                        "vllm_instances": instances}
     return {"all": {"children": {"vllm_nodes": {
         "hosts": hosts,
@@ -82,9 +109,16 @@ def run(count, collection, forks, workdir):
         handle.write(f"#!/bin/sh\nGPUSIM_PROFILE=hgx-8x-h200 exec {sys.executable} {os.path.join(GPUSIM, 'nvidia-smi')} "
                      "\"$@\"\n")
     os.chmod(smi, 0o755)
+    times_dir = os.path.join(workdir, f"times-{count}")
+    shutil.rmtree(times_dir, ignore_errors=True)
+    os.makedirs(times_dir)
+    python = os.path.join(workdir, f"python-{count}")
+    with open(python, "w") as handle:
+        handle.write(WRAPPER % (sys.executable, times_dir))
+    os.chmod(python, 0o755)
     inv = os.path.join(workdir, f"inventory-{count}.json")
     with open(inv, "w") as handle:
-        json.dump(inventory(count, smi), handle)
+        json.dump(inventory(count, smi, python), handle)
     play = os.path.join(workdir, "play.yml")
     with open(play, "w") as handle:
         handle.write(PLAYBOOK)
@@ -101,12 +135,13 @@ def run(count, collection, forks, workdir):
     if proc.returncode != 0:
         sys.stdout.write(proc.stdout[-6000:] + proc.stderr[-3000:])
         raise SystemExit(f"the run over {count} hosts failed (rc {proc.returncode})")
-    return cpu, wall
+    on_hosts, calls = host_cpu(times_dir)
+    return cpu, wall, on_hosts, calls
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--hosts", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--hosts", type=int, nargs="+", default=[8, 64, 128])
     ap.add_argument("--forks", type=int, default=16)
     ap.add_argument("--collection", default=os.path.join(ROOT, ".build"))
     ap.add_argument("--keep", action="store_true")
@@ -114,10 +149,12 @@ def main():
     workdir = tempfile.mkdtemp(prefix="bench-fleet-")
     try:
         print(f"collection {args.collection}, forks {args.forks}, load {os.getloadavg()[0]:.1f}")
-        print(f"{'hosts':>5} {'CPU s':>8} {'CPU s/host':>10} {'wall s':>7} {'wall s/host':>11}")
+        print(f"{'hosts':>5} {'CPU s':>7} {'CPU s/host':>10} {'controller s/host':>17} {'hosts s/host':>12} "
+              f"{'calls/host':>10} {'wall s':>7} {'wall s/host':>11}")
         for count in args.hosts:
-            cpu, wall = run(count, args.collection, args.forks, workdir)
-            print(f"{count:>5} {cpu:>8.1f} {cpu / count:>10.2f} {wall:>7.1f} {wall / count:>11.2f}", flush=True)
+            cpu, wall, on_hosts, calls = run(count, args.collection, args.forks, workdir)
+            print(f"{count:>5} {cpu:>7.1f} {cpu / count:>10.2f} {(cpu - on_hosts) / count:>17.2f} "
+                  f"{on_hosts / count:>12.2f} {calls / count:>10.1f} {wall:>7.1f} {wall / count:>11.2f}", flush=True)
     finally:
         if args.keep:
             print(f"kept {workdir}")
