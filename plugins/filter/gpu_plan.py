@@ -8,19 +8,18 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (
-    DEFAULT_RESERVE_MIB,
-    DEFAULT_TOLERANCE_MIB,
-    PlanError,
-    format_table,
-    plan,
-)
+# The planner is imported when a filter is called, not when the file is loaded: Ansible loads every filter file of
+# the collection to resolve any one of its filters, in every worker process (see docs/fleet.md, "Fleet scale").
 
 
 def gpu_plan(gpus, instances, links=None, host=None, variable="vllm_instances",
-             reserve_mib=DEFAULT_RESERVE_MIB, tolerance_mib=DEFAULT_TOLERANCE_MIB,
-             unit_prefix="vllm-", use_uuids=True, base_port=8000):
-    """Place vLLM instances on a host's GPUs; see gpu_plan.yml."""
+             reserve_mib=None, tolerance_mib=None, unit_prefix="vllm-", use_uuids=True, base_port=8000):
+    """Place vLLM instances on a host's GPUs; see gpu_plan.yml (reserve_mib and tolerance_mib: None for the
+    planner's defaults)."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (  # pylint: disable=import-outside-toplevel
+        DEFAULT_RESERVE_MIB, DEFAULT_TOLERANCE_MIB, PlanError, plan)
+    reserve_mib = DEFAULT_RESERVE_MIB if reserve_mib is None else reserve_mib
+    tolerance_mib = DEFAULT_TOLERANCE_MIB if tolerance_mib is None else tolerance_mib
     try:
         return plan(gpus, instances, links, host=host, variable=variable, reserve_mib=reserve_mib,
                     tolerance_mib=tolerance_mib, unit_prefix=unit_prefix, use_uuids=use_uuids,
@@ -31,6 +30,7 @@ def gpu_plan(gpus, instances, links=None, host=None, variable="vllm_instances",
 
 def gpu_plan_table(plan_entries, gpus=None):
     """Render a plan from gpu_plan as a fixed-width text table; see gpu_plan_table.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import format_table  # pylint: disable=import-outside-toplevel
     if not isinstance(plan_entries, (list, tuple)):
         raise AnsibleFilterError("gpu_plan_table: the input must be the list that inferops.vllm.gpu_plan returns, "
                                  f"got {type(plan_entries).__name__}")

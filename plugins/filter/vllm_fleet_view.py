@@ -11,10 +11,6 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view
-from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
-from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import rank_groups
-from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan
 
 _READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_service_fast_interconnect",
          "vllm_service_host", "vllm_router_worker_address", "vllm_router_listen_port_base", "vllm_router_policy",
@@ -23,6 +19,8 @@ _READ = ("vllm_install_models_dir", "vllm_service_network_interface", "vllm_serv
 
 def vllm_fleet_view(hostvars, hosts, play_hosts=None, groups=None):
     """Inventory host -> in_play, groups, group_positions, addresses, interface, gpu_count, models_dir, ..."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS  # pylint: disable=import-outside-toplevel
     if not isinstance(hosts, (list, tuple)):
         raise AnsibleFilterError(f"vllm_fleet_view: hosts must be a list of inventory host names, "
                                  f"got {type(hosts).__name__}")
@@ -33,6 +31,7 @@ def vllm_fleet_view(hostvars, hosts, play_hosts=None, groups=None):
 
 def vllm_rank_groups(reports):
     """Every multi-node instance judged from its ranks' reports; see vllm_rank_groups.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import rank_groups  # pylint: disable=import-outside-toplevel
     if not isinstance(reports, dict):
         raise AnsibleFilterError("vllm_rank_groups: the input must map inventory hosts to their rank reports, "
                                  f"got {type(reports).__name__}")
@@ -45,6 +44,9 @@ def vllm_rank_groups(reports):
 
 def vllm_rollout_plan(hostvars, order, batches=None, hosts=None, groups=None):
     """Rollout order and batch sizes that keep each instance spanning hosts in one batch; see vllm_rollout_plan.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan  # pylint: disable=import-outside-toplevel
     if not isinstance(order, (list, tuple)):
         raise AnsibleFilterError(f"vllm_rollout_plan: order must be a list of inventory host names, got {type(order).__name__}")
     # without every inventory host and the groups, nodes given as a group or {group, count} would be resolved in

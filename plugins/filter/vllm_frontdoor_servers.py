@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import server_states
 
 
 def vllm_frontdoor_servers(show_stat):
     """{"<backend>/<server>": {backend, server, status, check_status, sessions_total, sessions_current}}; see vllm_frontdoor_servers.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import server_states  # pylint: disable=import-outside-toplevel
     try:
         return server_states(show_stat)
     except (ValueError, TypeError, AttributeError) as exc:

@@ -11,15 +11,12 @@ The plan itself (normalisation, placement with or without GPUs, units) is the ``
 from __future__ import annotations
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import unexpected
-from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import key_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_bool, plain, scrub
 
 
 def _read(variables, names, host):
     """The variables of ``names`` that are set, each read (templated) on its own: a template that fails names its
     variable instead of failing the whole check. ``variables``: a dict, or a host's ``hostvars`` (lazy)."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain  # pylint: disable=import-outside-toplevel
     values, problems, failed = {}, [], set()
     for name in names:
         try:
@@ -38,6 +35,8 @@ KEY_VARIABLES = ("vllm_frontdoor_api_keys", "vllm_frontdoor_instance_api_key", "
 
 
 def _key_problems(variables, models, host):
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import key_problems  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_bool  # pylint: disable=import-outside-toplevel
     keys, problems, failed = _read(variables, KEY_VARIABLES, host)
     if failed:
         return problems
@@ -54,6 +53,9 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
     point) against their types. With ``models`` and ``instances`` null, ``vllm_models`` and ``vllm_instances`` are
     read from ``variables`` too. Each variable is read on its own.
     """
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain, scrub  # pylint: disable=import-outside-toplevel
     try:
         names = ["vllm_models", "vllm_instances"] + list(PLAN_INPUTS)
         names += [n for n in (plain(spec) or {}) if n not in names]

@@ -13,19 +13,13 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleError, AnsibleFilterError
 from jinja2.exceptions import TemplateError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (
-    PLAN_SCHEMA_VERSION,
-    PlanContractError,
-    build_plan,
-    plan_fleet,
-)
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import scrub
 
 ON_PROBLEMS = ("fail", "return")
 
 
 def unexpected(host, exc, variable=None):
     """One problem line for an error the checks did not foresee (a bug to report, never a traceback)."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import scrub  # pylint: disable=import-outside-toplevel
     if isinstance(exc, (TemplateError, AnsibleError)):
         # reading a value ran one of the inventory's templates, and it failed (an undefined variable, say)
         text = scrub(getattr(exc, "message", None) or exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -39,6 +33,8 @@ def unexpected(host, exc, variable=None):
 
 def vllm_plan(models, instances, facts=None, inputs=None, host=None, fleet=None, on_problems="fail"):
     """Normalise the inventory, place the instances, decide their units; see vllm_plan.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_SCHEMA_VERSION, PlanContractError, build_plan  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import scrub  # pylint: disable=import-outside-toplevel
     if on_problems not in ON_PROBLEMS:
         raise AnsibleFilterError(f"vllm_plan: on_problems is {on_problems!r}; use fail or return")
     try:
@@ -56,6 +52,8 @@ def vllm_plan(models, instances, facts=None, inputs=None, host=None, fleet=None,
 def vllm_fleet_plan(given, fleet=None):
     """Every host's plan at once, the routers' workers read from the plans; see vllm_fleet_plan.yml. Never raises:
     a host that cannot be planned gets ``{"schema": 1, "host": ..., "problems": [...]}``."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_SCHEMA_VERSION, plan_fleet  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import scrub  # pylint: disable=import-outside-toplevel
     if not isinstance(given, Mapping) or not all(isinstance(v, Mapping) for v in given.values()):
         raise AnsibleFilterError("vllm_fleet_plan: pass a dict of inventory host -> {models, instances, facts, inputs} "
                                  "(what vllm_plan takes for that host)")

@@ -12,7 +12,6 @@ import json
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import align_router_waves, parse_live, plan_transition
 
 
 def _recorded(value):
@@ -27,6 +26,7 @@ def _recorded(value):
 
 def vllm_service_transition(plan, live, restart, recorded=None, prune=True):
     """The transition from what the host runs (``live``: the probe's text) to ``plan``; see the .yml docs."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import parse_live, plan_transition  # pylint: disable=import-outside-toplevel
     if not isinstance(plan, dict) or not isinstance(plan.get("instances"), list):
         raise AnsibleFilterError("vllm_service_transition: the input must be the plan (vllm_preflight_plan)")
     return plan_transition(parse_live(live if isinstance(live, str) else ""), plan["instances"],
@@ -36,6 +36,7 @@ def vllm_service_transition(plan, live, restart, recorded=None, prune=True):
 
 def vllm_router_waves(steps_by_host, hosts):
     """Each host's transition steps, padded so that no two hosts take a worker of the same router out at once."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import align_router_waves  # pylint: disable=import-outside-toplevel
     if not isinstance(steps_by_host, dict) or not isinstance(hosts, (list, tuple)):
         raise AnsibleFilterError("vllm_router_waves: the input must map the play's hosts to their transition steps, "
                                  "and hosts must be the play's hosts in order")

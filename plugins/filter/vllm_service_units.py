@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import unit_view
 
 
 def vllm_service_units(instances, python=None):
     """The unit view of every plan instance (interpreter of the resolved venv); see vllm_service_units.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import unit_view  # pylint: disable=import-outside-toplevel
     if not isinstance(instances, (list, tuple)):
         raise AnsibleFilterError("vllm_service_units: the input must be the plan's instances "
                                  f"(vllm_preflight_plan.instances), got {type(instances).__name__}")

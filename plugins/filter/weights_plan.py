@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import (
-    WeightsPlanError,
-    fanout_plan,
-    wanted_models,
-)
 
 
 def weights_models(models, keys, host=None, models_dir="/var/lib/inferops/models", verify="size"):
     """The snapshots one host needs; see weights_models.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import WeightsPlanError, wanted_models  # pylint: disable=import-outside-toplevel
     try:
         return wanted_models(models, keys, host=host, models_dir=models_dir, verify=verify)
     except WeightsPlanError as exc:
@@ -25,6 +21,7 @@ def weights_models(models, keys, host=None, models_dir="/var/lib/inferops/models
 
 def weights_fanout(wanted_by_host, host, fanout=False, source=None, hosts=None, models_dir=None, degree=0):
     """Where one host gets each snapshot (endpoint or another host); see weights_fanout.yml."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import WeightsPlanError, fanout_plan  # pylint: disable=import-outside-toplevel
     if not isinstance(wanted_by_host, dict):
         raise AnsibleFilterError("weights_fanout: the input must be a dict host -> weights_models(...).models, got %s"
                                  % type(wanted_by_host).__name__)

@@ -18,7 +18,10 @@ every host grows the per-host figure with N (O(N^2) in total); a flat per-host f
 the fleet.
 
 Usage: .venv/bin/python tests/benchmarks/bench_preflight_fleet.py [--hosts 8 64 128] [--forks 16]
-       [--collection DIR] [--keep]
+       [--collection DIR] [--keep] [--calibrate]
+
+``--calibrate`` also prints what one skipped task costs per host on this machine (Ansible's floor for any task
+line), to read the controller's figure against: the machine's speed changes it as much as the collection does.
 
 ``--collection DIR`` runs another copy of the collection (DIR holds ``ansible_collections/inferops/vllm``),
 e.g. the committed one before a change::
@@ -103,7 +106,28 @@ def inventory(count, smi, python):
         }}}}}
 
 
-def run(count, collection, forks, workdir):
+CALIBRATION = """- name: Ansible's own cost of a task per host on this machine (a play of skipped tasks)
+  hosts: vllm_nodes
+  gather_facts: false
+  tasks:
+%s
+"""
+
+
+def calibrate(count, collection, forks, workdir, tasks=20):
+    """CPU seconds of one skipped task on one host, on these stand-in hosts: the floor of any task here."""
+    cpus = []
+    for n in (0, tasks):
+        body = "\n".join(f"    - name: Task {i}\n      ansible.builtin.debug:\n        msg: x\n      when: false"
+                         for i in range(n)) or "    []"
+        play = os.path.join(workdir, f"calibrate-{n}.yml")
+        with open(play, "w") as handle:
+            handle.write((CALIBRATION % body).replace("  tasks:\n    []", "  tasks: []"))
+        cpus.append(run(count, collection, forks, workdir, playbook=play)[0])
+    return (cpus[1] - cpus[0]) / (tasks * count)
+
+
+def run(count, collection, forks, workdir, playbook=None):
     smi = os.path.join(workdir, "nvidia-smi")
     with open(smi, "w") as handle:
         handle.write(f"#!/bin/sh\nGPUSIM_PROFILE=hgx-8x-h200 exec {sys.executable} {os.path.join(GPUSIM, 'nvidia-smi')} "
@@ -119,9 +143,10 @@ def run(count, collection, forks, workdir):
     inv = os.path.join(workdir, f"inventory-{count}.json")
     with open(inv, "w") as handle:
         json.dump(inventory(count, smi, python), handle)
-    play = os.path.join(workdir, "play.yml")
-    with open(play, "w") as handle:
-        handle.write(PLAYBOOK)
+    play = playbook or os.path.join(workdir, "play.yml")
+    if playbook is None:
+        with open(play, "w") as handle:
+            handle.write(PLAYBOOK)
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=collection, ANSIBLE_FORKS=str(forks), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_HOST_KEY_CHECKING="0",
                ANSIBLE_DISPLAY_OK_HOSTS="0", ANSIBLE_DISPLAY_SKIPPED_HOSTS="0")
@@ -145,6 +170,8 @@ def main():
     ap.add_argument("--forks", type=int, default=16)
     ap.add_argument("--collection", default=os.path.join(ROOT, ".build"))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also measure Ansible's cost of one skipped task per host here (the floor of any task)")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="bench-fleet-")
     try:
@@ -155,6 +182,9 @@ def main():
             cpu, wall, on_hosts, calls = run(count, args.collection, args.forks, workdir)
             print(f"{count:>5} {cpu:>7.1f} {cpu / count:>10.2f} {(cpu - on_hosts) / count:>17.2f} "
                   f"{on_hosts / count:>12.2f} {calls / count:>10.1f} {wall:>7.1f} {wall / count:>11.2f}", flush=True)
+        if args.calibrate:
+            floor = calibrate(args.hosts[0], args.collection, args.forks, workdir)
+            print(f"one skipped task costs {floor * 1000:.0f} ms of controller CPU per host here ({args.hosts[0]} hosts)")
     finally:
         if args.keep:
             print(f"kept {workdir}")

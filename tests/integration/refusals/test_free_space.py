@@ -14,7 +14,7 @@ def test_a_full_disk_is_refused_naming_the_host_the_variable_and_the_fix(tmp_pat
                         "--skip-tags", "vllm_preflight_health")
     assert result.rc != 0, result.tail()
     task, msg = result.failures["disk-node"]
-    assert "Check free disk space" in task, (task, msg)
+    assert "Check the host against the inventory" in task and "free disk space" in task, (task, msg)
     msg = " ".join(msg.split())
     assert re.search(r"host disk-node: the file system of \S+ has [0-9.]+ GiB free, less than "
                      r"vllm_preflight_min_free_gib \(1000000000.0 GiB\); free space or lower it", msg), msg

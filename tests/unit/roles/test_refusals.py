@@ -285,11 +285,11 @@ def test_the_plan_filter_returns_its_refusals_when_asked_and_never_raises(monkey
     def broken(*_args, **_kwargs):
         raise TypeError("sequence item 0: expected str instance, _AnsibleTaggedInt found")
 
-    monkeypatch.setattr(plan_filter, "build_plan", broken)
+    monkeypatch.setattr(host_plan, "build_plan", broken)  # the filter imports it when called
     (problem,) = plan_filter.vllm_plan(M, ONE, host="gpu1", on_problems="return")["problems"]
     assert problem.startswith("host gpu1: the plan could not be computed from vllm_models, vllm_instances and the "
                               "plan inputs (TypeError: sequence item 0: expected str instance, int found)")
-    monkeypatch.setattr(inventory_filter, "inventory_problems", broken)
+    monkeypatch.setattr(host_plan, "inventory_problems", broken)
     assert inventory_filter.vllm_inventory_problems(M, ONE, host="gpu1")[0].startswith("host gpu1: the plan could not")
 
 
