@@ -8,7 +8,6 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 
-
 def vllm_frontdoor_servers(show_stat):
     """{"<backend>/<server>": {backend, server, status, check_status, sessions_total, sessions_current}}; see vllm_frontdoor_servers.yml."""
     from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import server_states  # pylint: disable=import-outside-toplevel

@@ -33,7 +33,8 @@ def unexpected(host, exc, variable=None):
 
 def vllm_plan(models, instances, facts=None, inputs=None, host=None, fleet=None, on_problems="fail"):
     """Normalise the inventory, place the instances, decide their units; see vllm_plan.yml."""
-    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_SCHEMA_VERSION, PlanContractError, build_plan  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (  # pylint: disable=import-outside-toplevel
+        PLAN_SCHEMA_VERSION, PlanContractError, build_plan)
     from ansible_collections.inferops.vllm.plugins.plugin_utils.values import scrub  # pylint: disable=import-outside-toplevel
     if on_problems not in ON_PROBLEMS:
         raise AnsibleFilterError(f"vllm_plan: on_problems is {on_problems!r}; use fail or return")

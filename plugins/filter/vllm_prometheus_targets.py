@@ -8,7 +8,6 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 
-
 def vllm_prometheus_targets(hosts, scraper=None):
     """Target groups of every host's planned instances and front doors; see vllm_prometheus_targets.yml."""
     from ansible_collections.inferops.vllm.plugins.plugin_utils.metrics_targets import file_sd_targets  # pylint: disable=import-outside-toplevel

@@ -13,7 +13,6 @@ import json
 from ansible.errors import AnsibleFilterError
 
 
-
 def _recorded(value):
     if isinstance(value, dict):
         return value

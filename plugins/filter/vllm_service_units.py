@@ -9,7 +9,6 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 
-
 def vllm_service_units(instances, python=None):
     """The unit view of every plan instance (interpreter of the resolved venv); see vllm_service_units.yml."""
     from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import unit_view  # pylint: disable=import-outside-toplevel

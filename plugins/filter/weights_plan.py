@@ -9,7 +9,6 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 
-
 def weights_models(models, keys, host=None, models_dir="/var/lib/inferops/models", verify="size"):
     """The snapshots one host needs; see weights_models.yml."""
     from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import WeightsPlanError, wanted_models  # pylint: disable=import-outside-toplevel
