@@ -206,8 +206,8 @@ def _span(nodes, fleet):
 def planned_on(nodes, host, fleet):
     """Whether ``host``'s own plan keeps an instance whose (raw) ``nodes`` is this: a single-host instance (no
     ``nodes``) always; one that spans hosts when ``host`` is among its hosts (``resolve`` drops it elsewhere). Nodes
-    that cannot be resolved count as kept: that host's own plan refuses them, naming why. For the views built beside
-    the plans (the routers' worker ports) until the fleet is planned once (issue 39)."""
+    that cannot be resolved count as kept: that host's own plan refuses them, naming why. The routers read it for a
+    host that is not planned in the run (``router.inventory_endpoints``): the hosts planned read their plans."""
     if nodes is None or nodes == "":
         return True
     hosts = _span(nodes, fleet)
