@@ -29,7 +29,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
     metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports, worker_frontdoors)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
-    ROUTER_POLICIES, SCALE_OUT_FLAG, fleet_endpoints, plan_routers, routed_policies, router_workers)
+    ROUTER_POLICIES, SCALE_OUT_FLAG, fleet_endpoints, fleet_routes, plan_routers, routed_policies, router_workers)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
@@ -518,8 +518,10 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
     """The part of a host's plan its own inventory and facts decide (everything but the routers' workers, which
     need the other hosts' plans): a state for ``_plan_routing``, or PlanContractError."""
     facts = plain(facts) if isinstance(facts, dict) else {}
-    problems = input_problems(inputs)
-    opts = None if problems else plan_inputs(inputs)
+    try:
+        opts, problems = plan_inputs(inputs), []
+    except PlanContractError as exc:  # plan_inputs checks them (input_problems) before it reads them
+        opts, problems = None, list(exc.problems)
     # the one normalisation of this host's inventory in this plan
     norm = normalise(models, instances, host=host,
                      models_dir=opts["models_dir"] if opts else PLAN_INPUTS["vllm_install_models_dir"][1])
@@ -580,22 +582,22 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
             "venv": venv, "problems": problems}
 
 
-def _plan_routing(state, fleet, endpoints):
+def _plan_routing(state, fleet, routes):
     """The rest of the plan: the routers of this host and the routers its instances are workers of, from
-    ``endpoints`` (host -> the instances its plan serves, ``router.fleet_endpoints``); the plan or
+    ``routes`` (each router's workers at the ports of their hosts' plans, ``router.fleet_routes``); the plan or
     PlanContractError."""
     host, opts, out, models = state["host"], state["opts"], state["out"], state["models"]
     facts, gpus, popts, gpu = state["facts"], state["gpus"], opts["plan_options"], opts["gpu"]
     frontdoors, frontdoor_metrics, node_exporter = state["frontdoors"], state["frontdoor_metrics"], state["node_exporter"]
     problems = list(state["problems"])
     fleet = fleet or {}
-    workers_here = router_workers(host, fleet, endpoints)
+    workers_here = router_workers(host, fleet, routes)
     bind = opts["frontdoor_bind_address"] or opts["host"]
     routers, router_problems = plan_routers(
         host, fleet, models,
         {"router_policy": opts["router_policy"], "router_listen_base": opts["router_listen_base"],
          "router_metrics_base": opts["router_metrics_base"], "metrics_bind_address": bind},
-        taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter), endpoints)
+        taken_ports(out, opts["vllm_port_stride"], frontdoors, frontdoor_metrics, node_exporter), routes)
     problems += router_problems
     workers_fd = worker_frontdoors(workers_here, out, models)
     if routers or workers_fd:
@@ -667,7 +669,7 @@ def build_plan(models, instances, facts=None, inputs=None, host=None, fleet=None
     fleet = plain(fleet) if isinstance(fleet, dict) else None
     state = _plan_host(models, instances, facts, inputs, host, fleet)
     view = fleet or {}
-    return _plan_routing(state, view, fleet_endpoints(view, {host: state["out"]}))
+    return _plan_routing(state, view, fleet_routes(view, fleet_endpoints(view, {host: state["out"]})))
 
 
 def plan_fleet(given, fleet):
@@ -689,10 +691,11 @@ def plan_fleet(given, fleet):
                                       item.get("inputs"), host, fleet or None)
         except PlanContractError as exc:
             out[host] = {"problems": exc.lines}
-    endpoints = fleet_endpoints(fleet, {h: st["out"] for h, st in states.items()})
+    # each router's workers, once for the fleet (not again for each worker host: that grows with its square)
+    routes = fleet_routes(fleet, fleet_endpoints(fleet, {h: st["out"] for h, st in states.items()}))
     for host, state in states.items():
         try:
-            out[host] = _plan_routing(state, fleet, endpoints)
+            out[host] = _plan_routing(state, fleet, routes)
         except PlanContractError as exc:
             out[host] = {"problems": exc.lines}
     return {h: out[h] for h in given}

@@ -2,7 +2,7 @@
 """The fleet's routers: one ``vllm-router`` per model on each host of the group ``vllm_routers``, over the
 model's instances on every host (controller side, pure Python, no Ansible imports).
 
-``plan_routers(host, fleet, models, opts, taken, endpoints)`` and ``router_workers(host, fleet, endpoints)`` read the
+``plan_routers(host, fleet, models, opts, taken, routes)`` and ``router_workers(host, fleet, routes)`` read the
 fleet view
 (``fleet_view.py``: every inventory host's groups, ``vllm_instances``, ``vllm_models``, bind address, router
 address and port base) and give the plan of ``host``:
@@ -39,7 +39,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import ass
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
 __all__ = ["plan_routers", "router_workers", "plan_endpoints", "inventory_endpoints", "fleet_endpoints",
-           "routed_policies", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name",
+           "fleet_routes", "routed_policies", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name",
            "SCALE_OUT_FLAG"]
 
 #: The vLLM flag that registers the render endpoints (``/v1/completions/render``, ...) vllm-router's cache_aware
@@ -210,13 +210,20 @@ def _backups(fleet, model, router_host):
     return backups, problems
 
 
-def plan_routers(host, fleet, models, opts, taken, endpoints):
+def fleet_routes(fleet, endpoints):
+    """(router host, model) -> (its workers, the problems reaching them), for every router of the fleet: worked out
+    once per plan and read by the router's own host (``plan_routers``) and by every worker's (``router_workers``).
+    ``endpoints``: ``fleet_endpoints``."""
+    return {(name, key): _workers(fleet, key, name, endpoints)
+            for name, entry in fleet.items() if _is_router_host(entry) for key in _router_models(entry)}
+
+
+def plan_routers(host, fleet, models, opts, taken, routes):
     """``(routers, problems)`` of ``host`` (empty unless it is in ``vllm_routers``); see the module docstring.
 
     ``models``: this host's normalised models; ``opts``: the plan inputs (``router_policy``,
     ``router_listen_base``, ``router_metrics_base``, ``metrics_bind_address``); ``taken``: ports this host
-    already uses, ``[(low, high, what)]``; ``endpoints``: host -> the instances its plan serves
-    (``fleet_endpoints``).
+    already uses, ``[(low, high, what)]``; ``routes``: ``fleet_routes``.
     """
     fleet = fleet if isinstance(fleet, dict) else {}
     routers, problems = [], []
@@ -231,7 +238,7 @@ def plan_routers(host, fleet, models, opts, taken, endpoints):
                                (models[key]["router_port"], f"vllm_models.{key}.router_port")):
                 problems += [f"{what} is {port}, which is {used}; give it a port nothing else on the host uses"
                              for low, high, used in taken if low <= port <= high]
-            workers, worker_problems = _workers(fleet, key, host, endpoints)
+            workers, worker_problems = routes.get((host, key), ([], []))
             problems += worker_problems
             backups, backup_problems = _backups(fleet, key, host)
             problems += backup_problems
@@ -259,16 +266,16 @@ def plan_routers(host, fleet, models, opts, taken, endpoints):
     return routers, problems
 
 
-def router_workers(host, fleet, endpoints):
+def router_workers(host, fleet, routes):
     """This host's instances that a router of the fleet routes to (the plan's ``router_workers``); see the module
-    docstring; ``endpoints``: ``fleet_endpoints``."""
+    docstring; ``routes``: ``fleet_routes``."""
     fleet = fleet if isinstance(fleet, dict) else {}
     workers_of_host = []
     for router_host, entry in fleet.items():
         if not _is_router_host(entry):
             continue
         for key in _router_models(entry):
-            workers = _workers(fleet, key, router_host, endpoints)[0]
+            workers = routes.get((router_host, key), ([], []))[0]
             hosts = list(dict.fromkeys(w["host"] for w in workers))
             listen = _listen_port(entry, key)
             if host not in hosts or listen is None:
