@@ -12,14 +12,17 @@ from ansible.errors import AnsibleFilterError
 # the collection to resolve any one of its filters, in every worker process (see docs/fleet.md, "Fleet scale").
 
 
+#: reserve_mib and tolerance_mib left out: the planner's defaults (a None given is still refused by the planner)
+_DEFAULT = object()
+
+
 def gpu_plan(gpus, instances, links=None, host=None, variable="vllm_instances",
-             reserve_mib=None, tolerance_mib=None, unit_prefix="vllm-", use_uuids=True, base_port=8000):
-    """Place vLLM instances on a host's GPUs; see gpu_plan.yml (reserve_mib and tolerance_mib: None for the
-    planner's defaults)."""
+             reserve_mib=_DEFAULT, tolerance_mib=_DEFAULT, unit_prefix="vllm-", use_uuids=True, base_port=8000):
+    """Place vLLM instances on a host's GPUs; see gpu_plan.yml."""
     from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (  # pylint: disable=import-outside-toplevel
         DEFAULT_RESERVE_MIB, DEFAULT_TOLERANCE_MIB, PlanError, plan)
-    reserve_mib = DEFAULT_RESERVE_MIB if reserve_mib is None else reserve_mib
-    tolerance_mib = DEFAULT_TOLERANCE_MIB if tolerance_mib is None else tolerance_mib
+    reserve_mib = DEFAULT_RESERVE_MIB if reserve_mib is _DEFAULT else reserve_mib
+    tolerance_mib = DEFAULT_TOLERANCE_MIB if tolerance_mib is _DEFAULT else tolerance_mib
     try:
         return plan(gpus, instances, links, host=host, variable=variable, reserve_mib=reserve_mib,
                     tolerance_mib=tolerance_mib, unit_prefix=unit_prefix, use_uuids=use_uuids,
