@@ -24,7 +24,24 @@ description:
   - The systemd unit of a process is read from C(/proc/<pid>/cgroup) (cgroup v1 and v2); it is
     null for processes outside any C(.service) (login sessions, containers).
   - Read-only; runs the same in check mode.
+  - Also reads what a plan needs of the host besides its GPUs (C(host_resources)) - the systemd
+    version (C(systemctl --version)), the kernel's NUMA nodes (C(/sys/devices/system/node)), the
+    online CPUs (C(/sys/devices/system/cpu/online)) and, with O(free_space_of), the free space of a
+    file system. With O(gpus=false) only these (a CPU-only host). One call reads the whole host.
 options:
+  gpus:
+    description:
+      - Read the GPUs with C(nvidia-smi). With V(false) only C(host_resources) is returned (a host without
+        GPUs, where C(nvidia-smi) is not looked for).
+    type: bool
+    default: true
+  free_space_of:
+    description:
+      - Also return the space available to unprivileged users (C(df)'s Available column, in KiB) of the
+        file system that holds this path, or its nearest existing parent when the path does not exist yet
+        (the directory the models will go to, before it is created).
+    type: path
+    required: false
   nvidia_smi:
     description:
       - Path of the C(nvidia-smi) binary.
@@ -49,6 +66,11 @@ EXAMPLES = r"""
   ansible.builtin.debug:
     msg: "GPU {{ item.index }} ({{ item.name }}): NUMA node {{ item.numa_node }}"
   loop: "{{ ansible_facts.gpus }}"
+
+- name: Read a CPU-only host (systemd version, NUMA nodes, online CPUs, free space of the models' file system)
+  inferops.vllm.gpu_facts:
+    gpus: false
+    free_space_of: /var/lib/inferops/models
 
 - name: Use an nvidia-smi outside PATH
   inferops.vllm.gpu_facts:
@@ -124,6 +146,19 @@ ansible_facts:
           gpu_index: 0
           used_mib: 21090
           unit: vllm-chat.service
+    host_resources:
+      description:
+        - What a plan needs of the host besides its GPUs.
+        - C(systemd_version) is 0 when C(systemctl) is missing or says no version; C(kernel_numa_nodes) is
+          empty without C(/sys/devices/system/node); C(online_cpus) is the kernel's list (C(0-3,8)), empty
+          when unknown; C(free_kib) is null without O(free_space_of).
+      returned: success
+      type: dict
+      sample:
+        systemd_version: 252
+        kernel_numa_nodes: [0, 1]
+        online_cpus: "0-63"
+        free_kib: 1851723400
 nvidia_smi_calls:
   description: The C(nvidia-smi) commands run, with exit code and duration in seconds.
   returned: always
@@ -135,6 +170,9 @@ nvidia_smi_calls:
       seconds: 0.041
 """
 
+import os
+import re
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
@@ -145,20 +183,63 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 )
 
 
+SYS_NODES = "/sys/devices/system/node"
+SYS_ONLINE = "/sys/devices/system/cpu/online"
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def host_resources(module, free_space_of=None):
+    """The systemd version, the kernel's NUMA nodes, the online CPUs and the free KiB of ``free_space_of``'s file
+    system (its nearest existing parent); unknown values are 0, empty or None, never guessed."""
+    out = {"systemd_version": 0, "kernel_numa_nodes": [], "online_cpus": _read(SYS_ONLINE), "free_kib": None}
+    systemctl = module.get_bin_path("systemctl")
+    if systemctl:
+        rc, stdout, _err = module.run_command([systemctl, "--version"], environ_update={"LC_ALL": "C"})
+        found = re.match(r"systemd (\d+)", stdout or "")
+        if rc == 0 and found:
+            out["systemd_version"] = int(found.group(1))
+    try:
+        names = os.listdir(SYS_NODES)
+    except OSError:
+        names = []
+    out["kernel_numa_nodes"] = sorted(int(name[4:]) for name in names if re.fullmatch(r"node[0-9]+", name))
+    if free_space_of:
+        path = os.path.abspath(free_space_of)
+        while not os.path.exists(path) and path != os.path.dirname(path):
+            path = os.path.dirname(path)
+        try:
+            stat = os.statvfs(path)
+            out["free_kib"] = stat.f_bavail * stat.f_frsize // 1024
+        except OSError:
+            pass
+    return out
+
+
 def main():
     module = AnsibleModule(
-        argument_spec=dict(nvidia_smi=dict(type="path", required=False)),
+        argument_spec=dict(nvidia_smi=dict(type="path", required=False), gpus=dict(type="bool", default=True),
+                           free_space_of=dict(type="path", required=False)),
         supports_check_mode=True,
     )
-    smi = None
-    try:
-        smi = NvidiaSmi(module, find_nvidia_smi(module, module.params["nvidia_smi"]))
-        facts = gather_facts(smi)
-    except NvidiaSmiError as exc:
-        module.fail_json(msg=str(exc), nvidia_smi_calls=smi.calls if smi else [])
-    for warning in smi.warnings:
-        module.warn(warning)
-    module.exit_json(changed=False, ansible_facts=facts, nvidia_smi_calls=smi.calls)
+    smi, facts, calls = None, {}, []
+    if module.params["gpus"]:
+        try:
+            smi = NvidiaSmi(module, find_nvidia_smi(module, module.params["nvidia_smi"]))
+            facts = gather_facts(smi)
+        except NvidiaSmiError as exc:
+            module.fail_json(msg=str(exc), nvidia_smi_calls=smi.calls if smi else [])
+        for warning in smi.warnings:
+            module.warn(warning)
+        calls = smi.calls
+    facts["host_resources"] = host_resources(module, module.params["free_space_of"])
+    module.exit_json(changed=False, ansible_facts=facts, nvidia_smi_calls=calls)
 
 
 if __name__ == "__main__":

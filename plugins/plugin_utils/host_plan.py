@@ -629,6 +629,9 @@ def _plan_routing(state, fleet, routes):
         # (router.py); the router role reads the first, the service role's drain the second
         "routers": routers,
         "router_workers": workers_here,
+        # whether an instance of this host spans hosts (its ranks are judged with the other hosts'): the rank tasks
+        # of the service and verify roles read this one boolean, and do nothing else on a host without such a rank
+        "spans_hosts": any("multinode" in inst for inst in out),
         # node_exporter's listener (the service role installs it; the file_sd lists it), or None
         "node_exporter": node_exporter,
         # the front door's runtime API and drain settings: the front door role and the service role's restart

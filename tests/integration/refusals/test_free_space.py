@@ -1,5 +1,6 @@
 """The preflight's disk check reads the free space in the host probe (one call with the systemd version, NUMA
-nodes and online CPUs) and refuses a host whose models file system is too small, naming host, variable and fix.
+nodes and online CPUs) and refuses a host whose models file system is too small, naming host, variable and fix,
+with the plan's problems (before any host changes).
 The real ansible-playbook on a local stand-in host (simulated GPUs)."""
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def test_a_full_disk_is_refused_naming_the_host_the_variable_and_the_fix(tmp_pat
                         "--skip-tags", "vllm_preflight_health")
     assert result.rc != 0, result.tail()
     task, msg = result.failures["disk-node"]
-    assert "Check the host against the inventory" in task and "free disk space" in task, (task, msg)
+    # reported with the plan's problems, in the one task that stops every host that cannot be planned
+    assert "Stop on plan problems" in task and "Plan problems (nothing was changed)" in msg, (task, msg)
     msg = " ".join(msg.split())
     assert re.search(r"host disk-node: the file system of \S+ has [0-9.]+ GiB free, less than "
                      r"vllm_preflight_min_free_gib \(1000000000.0 GiB\); free space or lower it", msg), msg

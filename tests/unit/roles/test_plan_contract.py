@@ -140,7 +140,7 @@ def test_5_preflight_stage_tags_reach_their_tasks(tmp_path):
                           "--tags", "vllm_preflight_facts", str(playbook)], env=env, capture_output=True, text=True,
                          check=False)
     assert out.returncode == 0, out.stderr
-    assert "Gather GPU facts" in out.stdout and "Plan the fleet once" not in out.stdout
+    assert "Read the host (GPUs" in out.stdout and "Plan the fleet once" not in out.stdout
 
 
 def test_6_a_repo_id_the_hub_refuses_fails_validation():

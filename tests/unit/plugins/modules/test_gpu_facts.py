@@ -22,6 +22,16 @@ PROCESS_KEYS = {
 }
 
 
+HOST = {"systemd_version": 252, "kernel_numa_nodes": [0, 1], "online_cpus": "0-63", "free_kib": None}
+
+
+@pytest.fixture(autouse=True)
+def _host_part(request, monkeypatch):
+    """The cases are nvidia-smi captures: the host part (systemctl, sysfs, statvfs) is tested on its own below."""
+    if "host_resources" not in request.node.name:
+        monkeypatch.setattr(gpu_facts, "host_resources", lambda _module, _path=None: dict(HOST))
+
+
 def _expand(facts):
     """cpu_affinity in the case data is a CPU-list string; expand it for comparison."""
     facts = copy.deepcopy(facts)
@@ -34,7 +44,7 @@ def _expand(facts):
 
 
 def check_contract(facts):
-    assert set(facts) == {"gpus", "gpu_links", "gpu_driver", "gpu_processes"}
+    assert set(facts) == {"gpus", "gpu_links", "gpu_driver", "gpu_processes", "host_resources"}
     indices = [g["index"] for g in facts["gpus"]]
     assert indices == sorted(indices)
     for gpu in facts["gpus"]:
@@ -72,7 +82,7 @@ def test_case(case, monkeypatch, tmp_path):
     facts = result["ansible_facts"]
     check_contract(facts)
     if "facts" in case:
-        assert facts == _expand(case["facts"])
+        assert facts == dict(_expand(case["facts"]), host_resources=HOST)
     if "facts_subset" in case:
         assert_subset(_expand(case["facts_subset"]), facts, "ansible_facts")
     if "calls" in case:
@@ -133,3 +143,76 @@ def test_binary_not_executable(monkeypatch, tmp_path):
     outcome, result = runner.run(gpu_facts.main, {"nvidia_smi": str(binary)})
     assert outcome == "fail"
     assert "is not executable" in result["msg"]
+
+
+# systemctl --version on Debian 12 (captured)
+SYSTEMCTL_VERSION = """systemd 252 (252.38-1~deb12u1)
++PAM +AUDIT +SELINUX +APPARMOR +IMA +SMACK +SECCOMP +GCRYPT -GNUTLS +OPENSSL +ACL +BLKID +CURL +ELFUTILS +FIDO2 +IDN2 \
+-IDN +IPTC +KMOD +LIBCRYPTSETUP +LIBFDISK +PCRE2 -PWQUALITY +P11KIT +QRENCODE +TPM2 +BZIP2 +LZ4 +XZ +ZLIB +ZSTD -BPF_FRAMEWORK \
+-XKBCOMMON +UTMP +SYSVINIT default-hierarchy=unified
+"""
+
+
+class _Host:
+    """The AnsibleModule calls host_resources makes: systemctl found or not, and its answer."""
+
+    def __init__(self, systemctl="/usr/bin/systemctl", answer=(0, SYSTEMCTL_VERSION, "")):
+        self.systemctl, self.answer, self.calls = systemctl, answer, []
+
+    def get_bin_path(self, name, required=False, opt_dirs=None):
+        assert name == "systemctl"
+        return self.systemctl
+
+    def run_command(self, cmd, environ_update=None, **_kwargs):
+        self.calls.append((list(cmd), dict(environ_update or {})))
+        return self.answer
+
+
+def _sysfs(monkeypatch, tmp_path, nodes, online):
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    for name in nodes:
+        (node_dir / name).mkdir()
+    (tmp_path / "online").write_text(online + "\n")
+    monkeypatch.setattr(gpu_facts, "SYS_NODES", str(node_dir))
+    monkeypatch.setattr(gpu_facts, "SYS_ONLINE", str(tmp_path / "online"))
+
+
+def test_host_resources_reads_systemd_numa_nodes_online_cpus_and_free_space(monkeypatch, tmp_path):
+    """The values the preflight's plan reads, from one call; the free space is df's Available column (KiB) of the
+    nearest existing parent of a path not made yet."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    _sysfs(monkeypatch, tmp_path, ["node0", "node1", "node10", "possible", "power"], "0-63")
+    host = _Host()
+    models = tmp_path / "var" / "lib" / "models"
+    found = gpu_facts.host_resources(host, str(models))
+    assert host.calls == [(["/usr/bin/systemctl", "--version"], {"LC_ALL": "C"})]
+    df = subprocess.run(["df", "-Pk", str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    available = int(df.splitlines()[1].split()[3])
+    assert abs(found.pop("free_kib") - available) <= 1024, df  # the same file system, read a moment apart
+    assert found == {"systemd_version": 252, "kernel_numa_nodes": [0, 1, 10], "online_cpus": "0-63"}
+
+
+def test_host_resources_says_unknown_never_guesses(monkeypatch, tmp_path):
+    """No systemctl, no NUMA directory, no online file: 0, [], '' - and no free space without a path."""
+    monkeypatch.setattr(gpu_facts, "SYS_NODES", str(tmp_path / "absent"))
+    monkeypatch.setattr(gpu_facts, "SYS_ONLINE", str(tmp_path / "absent-online"))
+    assert gpu_facts.host_resources(_Host(systemctl=None)) == {
+        "systemd_version": 0, "kernel_numa_nodes": [], "online_cpus": "", "free_kib": None}
+    failing = _Host(answer=(1, "", "Failed to connect to bus"))
+    assert gpu_facts.host_resources(failing)["systemd_version"] == 0
+
+
+def test_gpus_false_reads_the_host_only_host_resources(monkeypatch, tmp_path):
+    """A CPU-only host: no nvidia-smi is looked for or run (the case has no response: any call would fail)."""
+    _sysfs(monkeypatch, tmp_path, ["node0"], "0-1")
+    runner = Runner(monkeypatch, tmp_path, {}, binary=None)
+    monkeypatch.setattr(gpu_facts.AnsibleModule, "get_bin_path", lambda _self, name, required=False, opt_dirs=None: None)
+    outcome, result = runner.run(gpu_facts.main, {"gpus": False, "free_space_of": str(tmp_path / "models")})
+    assert outcome == "exit", result
+    assert runner.calls == [] and result["nvidia_smi_calls"] == []
+    facts = result["ansible_facts"]
+    assert list(facts) == ["host_resources"]
+    assert facts["host_resources"]["kernel_numa_nodes"] == [0] and facts["host_resources"]["online_cpus"] == "0-1"
+    assert isinstance(facts["host_resources"]["free_kib"], int) and facts["host_resources"]["free_kib"] > 0

@@ -1,0 +1,59 @@
+"""The install role's input checks: one function, asserted by the install role and run by the inventory validation."""
+from __future__ import annotations
+
+import os
+
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_inventory_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.install_inputs import VARIANTS, install_input_problems
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+
+
+def test_the_variants_are_those_the_install_role_installs():
+    with open(os.path.join(ROOT, "roles", "vllm_install", "vars", "main.yml")) as handle:
+        variants = yaml.safe_load(handle)["vllm_install__variants"]
+    with open(os.path.join(ROOT, "roles", "vllm_install", "meta", "argument_specs.yml")) as handle:
+        spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]["vllm_install_variant"]
+    assert tuple(variants) == VARIANTS and tuple(spec["choices"]) == VARIANTS
+
+
+def test_the_defaults_and_good_values_pass():
+    assert install_input_problems({}, "h") == []
+    assert install_input_problems({"vllm_install_version": "0.32.0", "vllm_install_variant": "cpu",
+                                   "vllm_install_keep": "3", "vllm_install_wheelhouse": "/srv/wheels"}, "h") == []
+    for version in ("0.11.1rc2", "1.0.0.post1", "0.9.2.dev3"):
+        assert install_input_problems({"vllm_install_version": version}, "h") == [], version
+
+
+def test_each_bad_value_names_the_host_the_variable_and_the_fix():
+    got = install_input_problems({"vllm_install_version": 0.32, "vllm_install_variant": "rocm",
+                                  "vllm_install_keep": 0, "vllm_install_wheelhouse": "wheels"}, "gpu-1")
+    assert got == [
+        'host gpu-1: vllm_install_version="0.32" is not an exact vLLM release. Fix: set vllm_install_version to a '
+        'released version, quoted, for example "0.32.0" (no ranges, no "latest").',
+        'host gpu-1: vllm_install_variant="rocm" is not supported. Fix: set vllm_install_variant to one of cuda, cpu.',
+        'host gpu-1: vllm_install_keep must be at least 1 (got 0) and vllm_install_wheelhouse must be an absolute '
+        'path or "" (got "wheels").']
+    for version in (">=0.32", "latest", "0.32.x", "v0.32.0", None, ["0.32.0"], 32):
+        assert "vllm_install_version" in install_input_problems({"vllm_install_version": version}, "h")[0], version
+
+
+def test_the_inventory_validation_reports_them_with_every_other_problem():
+    """What the inventory sets reaches the check through vllm_inventory_problems (one task for the batch)."""
+    got = vllm_inventory_problems(None, None, host="gpu-1", variables={
+        "vllm_models": {}, "vllm_instances": [], "vllm_install_version": "latest"})
+    assert any(p.startswith('host gpu-1: vllm_install_version="latest" is not an exact vLLM release') for p in got), got
+
+
+@given(st.dictionaries(st.sampled_from(["vllm_install_version", "vllm_install_variant", "vllm_install_keep",
+                                        "vllm_install_wheelhouse"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+                                 st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
+                                                                                      st.integers(), max_size=2))))
+def test_any_value_gives_sentences_never_an_exception(values):
+    for problem in install_input_problems(values, "h"):
+        assert problem.startswith("host h: vllm_install_") and problem.endswith(".")
