@@ -55,12 +55,12 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
     """
     from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems  # pylint: disable=import-outside-toplevel
     from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems  # pylint: disable=import-outside-toplevel
-    from ansible_collections.inferops.vllm.plugins.plugin_utils.install_inputs import (  # pylint: disable=import-outside-toplevel
-        INSTALL_INPUTS, install_input_problems)
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import (  # pylint: disable=import-outside-toplevel
+        INSTALL_INPUTS, WEIGHTS_INPUTS, install_input_problems, weights_input_problems)
     from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain, scrub  # pylint: disable=import-outside-toplevel
     try:
         names = ["vllm_models", "vllm_instances"] + list(PLAN_INPUTS)
-        names += [n for n in INSTALL_INPUTS if n not in names]
+        names += [n for n in INSTALL_INPUTS + WEIGHTS_INPUTS if n not in names]
         names += [n for n in (plain(spec) or {}) if n not in names]
         values, problems, failed = _read(variables if variables is not None else {}, names, host)
         if models is None and instances is None:
@@ -75,6 +75,7 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
         problems += [where + p for p in option_problems(spec, values, skip=skip)] if spec else []
         problems += [where + p for p in _key_problems(variables if variables is not None else {}, models, host)]
         problems += install_input_problems({k: v for k, v in values.items() if k in INSTALL_INPUTS}, host)
+        problems += weights_input_problems({k: v for k, v in values.items() if k in WEIGHTS_INPUTS}, host)
         return [scrub(p) for p in problems]
     except Exception as exc:  # pylint: disable=broad-exception-caught
         return [unexpected(host, exc)]
@@ -83,9 +84,18 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
 def vllm_install_input_problems(values, host=None):
     """The install role's input checks (version, variant, keep count, wheelhouse) of ``values`` (variable -> value),
     one sentence per problem; the install role asserts this list is empty, the inventory validation reports it."""
-    from ansible_collections.inferops.vllm.plugins.plugin_utils.install_inputs import install_input_problems  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import install_input_problems  # pylint: disable=import-outside-toplevel
     from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain  # pylint: disable=import-outside-toplevel
     return install_input_problems(plain(values), host)
+
+
+def vllm_weights_input_problems(values, host=None):
+    """The weights role's settings checks (counts, timeouts, the fan-out's port and degree, the staged directory, the
+    owner) of ``values`` (variable -> value), one sentence per problem; the weights role asserts this list is empty,
+    the inventory validation reports it."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import weights_input_problems  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain  # pylint: disable=import-outside-toplevel
+    return weights_input_problems(plain(values), host)
 
 
 class FilterModule:
@@ -93,4 +103,5 @@ class FilterModule:
 
     def filters(self):
         return {"vllm_inventory_problems": vllm_inventory_problems,
-                "vllm_install_input_problems": vllm_install_input_problems}
+                "vllm_install_input_problems": vllm_install_input_problems,
+                "vllm_weights_input_problems": vllm_weights_input_problems}

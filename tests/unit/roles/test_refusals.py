@@ -423,7 +423,7 @@ def test_the_validation_reads_the_preflight_spec_and_runs_before_it():
     with open(os.path.join(ROOT, "roles", "vllm_validate", "tasks", "main.yml"), encoding="utf-8") as handle:
         tasks = handle.read()
     assert "role_path ~ '/../vllm_preflight/meta/argument_specs.yml'" in tasks
-    # the install role's own input checks, for every host of the batch in the same task (install_inputs.py)
+    # the install role's own input checks, for every host of the batch in the same task (stage_inputs.py)
     assert "inferops.vllm.vllm_inventory_problems" in tasks and "include_role" not in tasks
     with open(os.path.join(ROOT, "roles", "vllm_install", "vars", "main.yml"), encoding="utf-8") as handle:
         assert "inferops.vllm.vllm_install_input_problems" in handle.read()

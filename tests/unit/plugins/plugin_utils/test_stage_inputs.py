@@ -1,4 +1,5 @@
-"""The install role's input checks: one function, asserted by the install role and run by the inventory validation."""
+"""The later stages' own settings (install, weights): one function each, asserted by the role and run by the inventory
+validation before any host changes."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_inventory_problems
-from ansible_collections.inferops.vllm.plugins.plugin_utils.install_inputs import VARIANTS, install_input_problems
+from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import (
+    VARIANTS, WEIGHTS_INPUTS, install_input_problems, weights_input_problems)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
@@ -57,3 +59,40 @@ def test_the_inventory_validation_reports_them_with_every_other_problem():
 def test_any_value_gives_sentences_never_an_exception(values):
     for problem in install_input_problems(values, "h"):
         assert problem.startswith("host h: vllm_install_") and problem.endswith(".")
+
+
+def test_the_weights_defaults_are_good_and_each_bad_setting_is_named_with_its_bound():
+    with open(os.path.join(ROOT, "roles", "vllm_weights", "defaults", "main.yml")) as handle:
+        defaults = yaml.safe_load(handle)
+    given = {k: defaults[k] for k in WEIGHTS_INPUTS if k != "vllm_weights_owner"}
+    assert weights_input_problems(dict(given, vllm_weights_owner="vllm"), "h") == []
+    got = weights_input_problems({"vllm_weights_keep": 0, "vllm_weights_fanout_port": 70000,
+                                  "vllm_weights_timeout": "30", "vllm_weights_fanout_degree": 1.5,
+                                  "vllm_weights_source_dir_on": "both", "vllm_weights_source_dir": "stage",
+                                  "vllm_weights_owner": " "}, "gpu-1")
+    assert got == [
+        'host gpu-1: vllm_weights_keep is "0"; use a whole number of at least 1 (snapshots kept per model).',
+        'host gpu-1: vllm_weights_timeout is "30"; use a whole number of at least 60 (seconds a fetch may take).',
+        'host gpu-1: vllm_weights_fanout_port is "70000"; use a whole number from 1 to 65535 (a TCP port number).',
+        'host gpu-1: vllm_weights_fanout_degree is "1.5"; use a whole number of at least 0 (hosts each host serves '
+        '(1: a chain, 0: every host from the source)).',
+        'host gpu-1: vllm_weights_source_dir_on is "both"; use host (the staged directory is on each host) or '
+        'controller (it is pushed from the controller).',
+        'host gpu-1: vllm_weights_source_dir is "stage"; use an absolute path to a staged directory of snapshots, '
+        'or "" to fetch from the Hub.',
+        'host gpu-1: vllm_weights_owner is " "; name the user the weights belong to, or leave it out (the plan\'s '
+        'run_as user).']
+
+
+def test_a_bad_weights_setting_in_the_inventory_is_refused_before_any_host_changes():
+    got = vllm_inventory_problems(None, None, host="gpu-1", variables={
+        "vllm_models": {}, "vllm_instances": [], "vllm_weights_fanout_port": "eighty"})
+    assert any(p.startswith('host gpu-1: vllm_weights_fanout_port is "eighty"') for p in got), got
+
+
+@given(st.dictionaries(st.sampled_from(WEIGHTS_INPUTS),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+                                 st.lists(st.integers(), max_size=2))))
+def test_any_weights_setting_gives_sentences_never_an_exception(values):
+    for problem in weights_input_problems(values, "h"):
+        assert problem.startswith("host h: vllm_weights_") and problem.endswith(".")

@@ -1,0 +1,117 @@
+# Apache License 2.0 (see LICENSE)
+"""The input checks of the later stages' own settings, in one place (controller side, no Ansible imports).
+
+Each role asserts its list before it changes anything (the install role through the filter
+``inferops.vllm.vllm_install_input_problems``, the weights role through ``vllm_weights_input_problems``), and the
+inventory validation (role ``vllm_validate``, filter ``vllm_inventory_problems``) reports the same sentences for what
+the inventory sets, with every other problem of the inventory, before any host is contacted: a bad setting of a late
+stage refuses the run before vLLM is installed anywhere, not after.
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = ["INSTALL_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS", "install_input_problems",
+           "weights_input_problems"]
+
+#: Exact PEP 440 versions only (a release, optional pre/post/dev part): no ranges, no "latest".
+VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)+((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$"
+#: The builds the install role knows (its vars name what each installs: vllm_install__variants).
+VARIANTS = ("cuda", "cpu")
+#: The variables checked here; one left out (unset) takes the role's default, which is good.
+INSTALL_INPUTS = ("vllm_install_version", "vllm_install_variant", "vllm_install_keep", "vllm_install_wheelhouse")
+#: The weights role's settings: whole numbers with their least value (and most, for a port), then the others.
+WEIGHTS_BOUNDS = {
+    "vllm_weights_keep": (1, None, "snapshots kept per model"),
+    "vllm_weights_poll_interval": (1, None, "seconds between two looks at a fetch"),
+    "vllm_weights_timeout": (60, None, "seconds a fetch may take"),
+    "vllm_weights_fanout_port": (1, 65535, "a TCP port number"),
+    "vllm_weights_fanout_degree": (0, None, "hosts each host serves (1: a chain, 0: every host from the source)"),
+    "vllm_weights_fanout_stall_timeout": (10, None, "seconds without progress before a copy is given up"),
+    "vllm_weights_fanout_max_rate_mib": (0, None, "MiB/s per copy, 0 for no limit"),
+}
+WEIGHTS_INPUTS = tuple(WEIGHTS_BOUNDS) + ("vllm_weights_source_dir_on", "vllm_weights_source_dir", "vllm_weights_owner")
+
+
+def _json(value) -> str:
+    """The value as the messages show it: as text, JSON-quoted (Ansible's ``| string | to_json``)."""
+    import json  # pylint: disable=import-outside-toplevel
+    return json.dumps(str(value))
+
+
+def _int(value):
+    """Ansible's ``| int`` (an unreadable value is 0)."""
+    if isinstance(value, bool):
+        return int(value)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        try:
+            return int(float(value))
+        except (TypeError, ValueError, OverflowError):
+            return 0
+
+
+def _whole(value):
+    """A whole number written as such (8, "8"), else None: a setting like 1.5 or "x" is refused, not truncated."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
+        return int(value)
+    return None
+
+
+def install_input_problems(values, host) -> list:
+    """One sentence per problem (the host, the variable, the fix) of the install inputs in ``values`` (variable ->
+    value; those left out are not checked); never raises."""
+    values = values if isinstance(values, dict) else {}
+    problems = []
+    if "vllm_install_version" in values:
+        version = values["vllm_install_version"]
+        if not (isinstance(version, str) and re.match(VERSION_PATTERN, version)):
+            problems.append(f"host {host}: vllm_install_version={_json(version)} is not an exact vLLM release. Fix: set "
+                            'vllm_install_version to a released version, quoted, for example "0.32.0" (no ranges, no '
+                            '"latest").')
+    if "vllm_install_variant" in values:
+        variant = values["vllm_install_variant"]
+        if not isinstance(variant, str) or variant not in VARIANTS:
+            problems.append(f"host {host}: vllm_install_variant={_json(variant)} is not supported. Fix: set "
+                            f"vllm_install_variant to one of {', '.join(VARIANTS)}.")
+    keep, wheelhouse = values.get("vllm_install_keep", 1), values.get("vllm_install_wheelhouse", "")
+    if _int(keep) < 1 or not isinstance(wheelhouse, str) or (wheelhouse and not wheelhouse.startswith("/")):
+        problems.append(f"host {host}: vllm_install_keep must be at least 1 (got {keep}) and vllm_install_wheelhouse "
+                        f"must be an absolute path or \"\" (got {_json(wheelhouse)}).")
+    return problems
+
+
+def weights_input_problems(values, host) -> list:
+    """One sentence per problem (the host, the variable, the fix) of the weights role's settings in ``values``
+    (variable -> value; those left out are not checked); never raises."""
+    values = values if isinstance(values, dict) else {}
+    problems = []
+    for name, (low, high, what) in WEIGHTS_BOUNDS.items():
+        if name not in values:
+            continue
+        num = _whole(values[name])
+        if num is None or num < low or (high is not None and num > high):
+            limit = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number {limit} ({what}).")
+    if "vllm_weights_source_dir_on" in values and values["vllm_weights_source_dir_on"] not in ("host", "controller"):
+        problems.append(f"host {host}: vllm_weights_source_dir_on is {_json(values['vllm_weights_source_dir_on'])}; "
+                        "use host (the staged directory is on each host) or controller (it is pushed from the "
+                        "controller).")
+    if "vllm_weights_source_dir" in values:
+        source = values["vllm_weights_source_dir"]
+        if not isinstance(source, str) or (source and not source.startswith("/")):
+            problems.append(f"host {host}: vllm_weights_source_dir is {_json(source)}; use an absolute path to a "
+                            'staged directory of snapshots, or "" to fetch from the Hub.')
+    if "vllm_weights_owner" in values:
+        owner = values["vllm_weights_owner"]
+        if not isinstance(owner, str) or not owner.strip():
+            problems.append(f"host {host}: vllm_weights_owner is {_json(owner)}; name the user the weights belong "
+                            "to, or leave it out (the plan's run_as user).")
+    return problems
