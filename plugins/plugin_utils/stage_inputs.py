@@ -45,7 +45,7 @@ def _int(value):
         return int(value)
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # inf is a float int() refuses with OverflowError
         try:
             return int(float(value))
         except (TypeError, ValueError, OverflowError):

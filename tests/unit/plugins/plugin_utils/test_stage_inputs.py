@@ -44,6 +44,16 @@ def test_each_bad_value_names_the_host_the_variable_and_the_fix():
         assert "vllm_install_version" in install_input_problems({"vllm_install_version": version}, "h")[0], version
 
 
+def test_odd_numbers_are_refused_not_raised():
+    """What hypothesis found: an infinite keep count (int() raises OverflowError) is a sentence like any other."""
+    for keep in (float("inf"), float("-inf"), float("nan"), "1e999"):
+        got = install_input_problems({"vllm_install_keep": keep}, "h")
+        assert len(got) == 1 and got[0].startswith("host h: vllm_install_keep must be at least 1"), (keep, got)
+    for port in (float("inf"), float("nan"), 1e300):
+        got = weights_input_problems({"vllm_weights_fanout_port": port}, "h")
+        assert len(got) == 1 and "vllm_weights_fanout_port" in got[0], (port, got)
+
+
 def test_the_inventory_validation_reports_them_with_every_other_problem():
     """What the inventory sets reaches the check through vllm_inventory_problems (one task for the batch)."""
     got = vllm_inventory_problems(None, None, host="gpu-1", variables={
