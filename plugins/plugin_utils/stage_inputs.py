@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
+
 __all__ = ["INSTALL_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS", "install_input_problems",
            "weights_input_problems"]
 
@@ -52,19 +54,6 @@ def _int(value):
             return 0
 
 
-def _whole(value):
-    """A whole number written as such (8, "8"), else None: a setting like 1.5 or "x" is refused, not truncated."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*", value):
-        return int(value)
-    return None
-
-
 def install_input_problems(values, host) -> list:
     """One sentence per problem (the host, the variable, the fix) of the install inputs in ``values`` (variable ->
     value; those left out are not checked); never raises."""
@@ -96,7 +85,7 @@ def weights_input_problems(values, host) -> list:
     for name, (low, high, what) in WEIGHTS_BOUNDS.items():
         if name not in values:
             continue
-        num = _whole(values[name])
+        num = as_int(values[name])  # a whole number written as such: 1.5 or "x" is refused, not truncated
         if num is None or num < low or (high is not None and num > high):
             limit = f"from {low} to {high}" if high is not None else f"of at least {low}"
             problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number {limit} ({what}).")
