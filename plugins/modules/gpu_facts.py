@@ -28,6 +28,8 @@ description:
     version (C(systemctl --version)), the kernel's NUMA nodes (C(/sys/devices/system/node)), the
     online CPUs (C(/sys/devices/system/cpu/online)) and, with O(free_space_of), the free space of a
     file system. With O(gpus=false) only these (a CPU-only host). One call reads the whole host.
+  - It also returns the C(slots) of the plan the host was configured from (C(plan.json) in O(config_dir)),
+    what that plan gave each instance automatically (ports, GPUs), so the next plan keeps them.
 options:
   gpus:
     description:
@@ -40,6 +42,12 @@ options:
       - Also return the space available to unprivileged users (C(df)'s Available column, in KiB) of the
         file system that holds this path, or its nearest existing parent when the path does not exist yet
         (the directory the models will go to, before it is created).
+    type: path
+    required: false
+  config_dir:
+    description:
+      - The directory of the host's recorded plan (C(plan.json)), the plan input C(vllm_service_config_dir).
+      - Left out, the plan's default (C(/etc/inferops/vllm)).
     type: path
     required: false
   nvidia_smi:
@@ -152,6 +160,8 @@ ansible_facts:
         - C(systemd_version) is 0 when C(systemctl) is missing or says no version; C(kernel_numa_nodes) is
           empty without C(/sys/devices/system/node); C(online_cpus) is the kernel's list (C(0-3,8)), empty
           when unknown; C(free_kib) is null without O(free_space_of).
+        - C(slots) is the recorded plan's C(slots) (the ports, C(VLLM_PORT) bases and GPU UUIDs it gave
+          instances automatically, and the port rules' inputs); empty without a readable C(plan.json).
       returned: success
       type: dict
       sample:
@@ -159,6 +169,12 @@ ansible_facts:
         kernel_numa_nodes: [0, 1]
         online_cpus: "0-63"
         free_kib: 1851723400
+        slots:
+          base_port: 8000
+          vllm_port_base: 20000
+          vllm_port_stride: 100
+          auto:
+            chat: {port: 8000, vllm_port: 20000, gpu_uuids: [GPU-84ea54cb-4767-0e6a-8104-87422151c222]}
 nvidia_smi_calls:
   description: The C(nvidia-smi) commands run, with exit code and duration in seconds.
   returned: always
@@ -181,6 +197,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     find_nvidia_smi,
     gather_facts,
 )
+from ansible_collections.inferops.vllm.plugins.module_utils.plan_record import plan_file, read_slots
 
 
 SYS_NODES = "/sys/devices/system/node"
@@ -195,10 +212,12 @@ def _read(path):
         return ""
 
 
-def host_resources(module, free_space_of=None):
-    """The systemd version, the kernel's NUMA nodes, the online CPUs and the free KiB of ``free_space_of``'s file
-    system (its nearest existing parent); unknown values are 0, empty or None, never guessed."""
-    out = {"systemd_version": 0, "kernel_numa_nodes": [], "online_cpus": _read(SYS_ONLINE), "free_kib": None}
+def host_resources(module, free_space_of=None, config_dir=None):
+    """The systemd version, the kernel's NUMA nodes, the online CPUs, the free KiB of ``free_space_of``'s file
+    system (its nearest existing parent) and the recorded plan's slots (``plan_record``); unknown values are 0,
+    empty or None, never guessed."""
+    out = {"systemd_version": 0, "kernel_numa_nodes": [], "online_cpus": _read(SYS_ONLINE), "free_kib": None,
+           "slots": read_slots(plan_file(config_dir))}
     systemctl = module.get_bin_path("systemctl")
     if systemctl:
         rc, stdout, _err = module.run_command([systemctl, "--version"], environ_update={"LC_ALL": "C"})
@@ -225,7 +244,8 @@ def host_resources(module, free_space_of=None):
 def main():
     module = AnsibleModule(
         argument_spec=dict(nvidia_smi=dict(type="path", required=False), gpus=dict(type="bool", default=True),
-                           free_space_of=dict(type="path", required=False)),
+                           free_space_of=dict(type="path", required=False),
+                           config_dir=dict(type="path", required=False)),
         supports_check_mode=True,
     )
     smi, facts, calls = None, {}, []
@@ -238,7 +258,7 @@ def main():
         for warning in smi.warnings:
             module.warn(warning)
         calls = smi.calls
-    facts["host_resources"] = host_resources(module, module.params["free_space_of"])
+    facts["host_resources"] = host_resources(module, module.params["free_space_of"], module.params["config_dir"])
     module.exit_json(changed=False, ansible_facts=facts, nvidia_smi_calls=calls)
 
 

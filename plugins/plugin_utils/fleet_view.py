@@ -113,5 +113,8 @@ def fleet_view(hostvars, hosts, play_hosts, defaults, groups=None) -> dict:
             "router_listen_base": var("vllm_router_listen_port_base"),
             "router_policy": var("vllm_router_policy"),
             "base_port": _get(var("vllm_preflight_plan_options") or {}, "base_port", None),
+            # what the host's recorded plan gave its instances automatically, where its facts were read (the ports
+            # a router reads for a host not planned in this run keep to them, as that host's plan does)
+            "slots": _get(_get(facts, "host_resources", {}) or {}, "slots", {}) or {},
         }
     return view

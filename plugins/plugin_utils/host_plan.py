@@ -26,6 +26,7 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     MEMORY_BASE,
     MEMORY_BASES,
 )
+from ansible_collections.inferops.vllm.plugins.module_utils.plan_record import DEFAULT_CONFIG_DIR, plan_file
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
     metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports, worker_frontdoors)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
@@ -40,6 +41,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import (
     DEFAULT_RESERVE_MIB,
     DEFAULT_TOLERANCE_MIB,
     PlanError,
+    kept_slots,
     compress_ints,
     plan as place,
 )
@@ -114,7 +116,7 @@ PLAN_INPUTS = {
     "vllm_service_cpu_affinity": ("cpu_affinity", True, "Pin each instance to the CPUs of its GPUs."),
     "vllm_service_numactl": ("numactl", "/usr/bin/numactl", "numactl for systemd older than the NUMAPolicy= version."),
     "vllm_service_cache_dir": ("cache_dir", "/var/cache/inferops/vllm", "Per-instance cache directories."),
-    "vllm_service_config_dir": ("config_dir", "/etc/inferops/vllm",
+    "vllm_service_config_dir": ("config_dir", DEFAULT_CONFIG_DIR,
                                 "Root-only directory of the environment files and C(plan.json)."),
     "vllm_service_tmp_dir": ("tmp_dir", "/tmp", "C(TMPDIR) of the instances."),
     "vllm_service_unit_prefix": ("unit_prefix", "vllm-", "Unit name prefix: C(<prefix><name>.service)."),
@@ -544,7 +546,9 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
         placed = place(gpus, records, facts.get("gpu_links"), host=host, reserve_mib=popts["reserve_mib"],
                        tolerance_mib=popts["tolerance_mib"], unit_prefix=opts["unit_prefix"],
                        use_uuids=popts["use_uuids"], base_port=popts["base_port"], cpu_only=not gpu,
-                       memory_base=popts["memory_base"])
+                       memory_base=popts["memory_base"],
+                       kept_ports=kept_slots(facts.get("slots"), "port", popts["base_port"]),
+                       kept_gpus=kept_slots(facts.get("slots"), "gpu_uuids"))
     except PlanError as exc:
         raise PlanContractError(exc.problems, host) from exc
     placed = [restore_multinode(entry) for entry in placed]
@@ -558,7 +562,9 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
         disable_custom_all_reduce=opts["disable_custom_all_reduce"], numa_bind=opts["numa_bind"],
         cpu_affinity=opts["cpu_affinity"], kernel_numa_nodes=facts.get("kernel_numa_nodes"),
         online_cpus=facts.get("online_cpus"), systemd_version=facts.get("systemd_version"),
-        numactl=opts["numactl"], numa_policy_min_systemd=opts["min_systemd_version"], variant=opts["variant"])
+        numactl=opts["numactl"], numa_policy_min_systemd=opts["min_systemd_version"], variant=opts["variant"],
+        kept_vllm_ports=kept_slots(facts.get("slots"), "vllm_port", opts["vllm_port_base"],
+                                   opts["vllm_port_stride"]))
     if specs["problems"]:
         raise PlanContractError(specs["problems"], host)
 
@@ -579,7 +585,27 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
     return {"host": host, "facts": facts, "opts": opts, "models": norm["models"], "out": out, "shared": shared,
             "gpus": gpus, "warnings": specs["warnings"], "weights": weights, "skipped": skipped,
             "frontdoors": frontdoors, "frontdoor_metrics": frontdoor_metrics, "node_exporter": node_exporter,
-            "venv": venv, "problems": problems}
+            "venv": venv, "problems": problems,
+            "slots": _slots(records, out, popts["base_port"], opts)}
+
+
+def _slots(records, out, base_port, opts):
+    """What the plan file records of what it gave automatically (``gpu_facts`` reads it back on the next run): the
+    port rules' inputs and, per instance, the HTTP port, the VLLM_PORT base and the GPUs (UUIDs) it got without the
+    inventory naming them. The next plan keeps them while the rules allow (``placement.kept_slots``), so adding,
+    removing or reordering instances restarts none that need not move."""
+    given = {r.get("name"): r for r in records}
+    auto = {}
+    for inst in out:
+        record = given.get(inst["name"]) or {}
+        slots = {key: inst[key] for key in ("port", "vllm_port")
+                 if record.get(key) is None and isinstance(inst.get(key), int)}
+        if record.get("gpus") in (None, "auto") and inst.get("gpu_uuids"):
+            slots["gpu_uuids"] = list(inst["gpu_uuids"])
+        if slots:
+            auto[inst["name"]] = slots
+    return {"base_port": base_port, "vllm_port_base": opts["vllm_port_base"],
+            "vllm_port_stride": opts["vllm_port_stride"], "auto": auto}
 
 
 def _plan_routing(state, fleet, routes):
@@ -647,8 +673,11 @@ def _plan_routing(state, fleet, routes):
                       for k in ("python", "tools_dir", "index_url", "extra_index_url", "find_links", "ca_bundle",
                                 "pip_cache_dir")},
         "paths": {"venv": state["venv"], "models_dir": opts["models_dir"], "config_dir": opts["config_dir"],
-                  "plan_file": opts["config_dir"].rstrip("/") + "/plan.json", "cache_dir": opts["cache_dir"],
+                  "plan_file": plan_file(opts["config_dir"]), "cache_dir": opts["cache_dir"],
                   "unit_prefix": opts["unit_prefix"]},
+        # what was given automatically (ports, VLLM_PORT ranges, GPUs) and the port rules' inputs (_slots): the
+        # next run keeps them where the rules allow
+        "slots": state["slots"],
         "host_facts": {"systemd_version": facts.get("systemd_version"),
                        "kernel_numa_nodes": facts.get("kernel_numa_nodes"),
                        "online_cpus": compress_ints(int_list(facts.get("online_cpus")) or []),

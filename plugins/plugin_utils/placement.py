@@ -49,6 +49,7 @@ __all__ = [
     "PlanError",
     "plan",
     "assign_ports",
+    "kept_slots",
     "format_table",
     "compress_ints",
     "DEFAULT_RESERVE_MIB",
@@ -318,6 +319,7 @@ class _Planner:
                        and (host.gpus[i].compute_mode or "").strip().lower() != "prohibited"]
         self._cand_cache = {}
         self._failed = set()
+        self._keep = {}
         self.steps = 0
 
     # ----------------------------------------------------------------- parsing / validation
@@ -671,7 +673,11 @@ class _Planner:
                     yield g
 
     # ----------------------------------------------------------------- search
-    def place(self, insts) -> None:
+    def place(self, insts, kept=None) -> None:
+        """Give every instance without explicit ``gpus`` its group. ``kept`` (name -> GPU indices): the groups the
+        host's recorded plan gave; they are kept where the rules still accept them and keeping them leaves no
+        instance on a looser group than a fresh placement gives it (so adding, removing or reordering instances
+        moves no instance that need not move, and a kept group never costs another instance its NUMA node)."""
         fixed = [i for i in insts if i.explicit is not None]
         auto = [i for i in insts if i.explicit is None]
         auto.sort(key=lambda i: (i.numa is None, -i.size, i.pos))
@@ -680,17 +686,36 @@ class _Planner:
             inst.group = inst.explicit
             taken.update(inst.explicit)
         free = frozenset(i for i in self.usable if i not in taken)
-        self.steps = 0
-        result = None
-        try:
-            result = self._search(auto, 0, free, {})
-        except _Exhausted:
-            result = None
+        result = self._place(auto, free)
         if result is None:
             # Report what the greedy order runs into: that is the instance the operator must change.
             self._greedy_failure(auto, free, fixed)
+        # kept groups still free of what the inventory pins (explicit gpus); those instances are placed first
+        keep = {i.pos: tuple(sorted(kept[i.name])) for i in auto
+                if i.name in (kept or {}) and len(kept[i.name]) == i.size and set(kept[i.name]) <= free}
+        if keep:
+            sticky = self._place(sorted(auto, key=lambda i: i.pos not in keep), free, keep)
+            if sticky is not None and self._looseness(auto, sticky, free) <= self._looseness(auto, result, free):
+                result = sticky
         for inst in auto:
             inst.group = result[inst.pos]
+
+    def _place(self, order, free, keep=None):
+        """The search over ``order`` (None when it finds nothing); ``keep`` (pos -> group) is tried first."""
+        self.steps = 0
+        self._failed = set()
+        self._keep = keep or {}
+        try:
+            return self._search(order, 0, free, {})
+        except _Exhausted:
+            return None
+        finally:
+            self._keep = {}
+
+    def _looseness(self, auto, result, free):
+        """How loose a placement is, to compare two: the loosest tier of any instance, then the tiers' sum."""
+        tiers = [self._score(i, result[i.pos], free)[0] for i in auto]
+        return (max(tiers, default=0), sum(tiers))
 
     def _search(self, order, n, free, chosen):
         """Depth-first over instances in placement order, candidates best first; failed states memoised."""
@@ -699,7 +724,12 @@ class _Planner:
         if (n, free) in self._failed or sum(i.size for i in order[n:]) > len(free):
             return None
         inst = order[n]
-        for group in self.candidates(inst, free):
+        cands = self.candidates(inst, free)
+        kept = self._keep.get(inst.pos)
+        if kept is not None and set(kept) <= free and self._score(inst, kept, free) is not None \
+                and (inst.numa is None or all(self.host.gpus[i].numa == inst.numa for i in kept)):
+            cands = [kept] + [g for g in cands if g != kept]
+        for group in cands:
             self.steps += 1
             if self.steps > SEARCH_BUDGET:
                 raise _Exhausted()
@@ -837,32 +867,67 @@ class _Exhausted(Exception):
 
 # --------------------------------------------------------------------------- public API
 
-def assign_ports(ports, base_port):
-    """The HTTP port of each instance: its own (``ports[i]``) or, for None, the next port from ``base_port`` that
-    no instance took; None where none is left. The one rule, read by the plan of the host and by the routers of
-    other hosts (``router.py``), which need the port of every instance they route to."""
+def kept_slots(slots, key, base=None, stride=None):
+    """Name -> what the host's recorded plan gave each instance automatically (its ``slots``, as ``gpu_facts`` read
+    them from the plan file): ``key`` is ``port``, ``vllm_port`` or ``gpu_uuids``. Ports are kept while the rule
+    that gave them holds: the same ``base`` (and ``stride`` for ``vllm_port``). Anything unreadable keeps nothing:
+    the plan works them out afresh."""
+    if not isinstance(slots, dict) or not isinstance(slots.get("auto"), dict):
+        return {}
+    rule = {"port": ("base_port",), "vllm_port": ("vllm_port_base", "vllm_port_stride"), "gpu_uuids": ()}[key]
+    if [_as_int(slots.get(k)) for k in rule] != [_as_int(v) for v in (base, stride)[:len(rule)]]:
+        return {}
+    out = {}
+    for name, given in slots["auto"].items():
+        value = given.get(key) if isinstance(given, dict) else None
+        if not isinstance(name, str):
+            continue
+        if key == "gpu_uuids":
+            if isinstance(value, list) and value and all(isinstance(u, str) for u in value):
+                out[name] = list(value)
+        elif _is_int(value) and not isinstance(value, bool):
+            out[name] = int(value)
+    return out
+
+
+def assign_ports(ports, base_port, names=None, kept=None):
+    """The HTTP port of each instance: its own (``ports[i]``) or, for None, the port the host's recorded plan gave
+    the instance of that name (``kept``: name -> port, ``kept_slots``) while no other instance holds it, else the
+    next port from ``base_port`` that no instance took; None where none is left. So an instance keeps its port when
+    others are added, removed or reordered. The one rule, read by the plan of the host and by the routers of other
+    hosts (``router.py``), which need the port of every instance they route to."""
+    out = list(ports)
     used = {p for p in ports if p is not None}
-    out, next_port = [], base_port
-    for port in ports:
+    for i, port in enumerate(ports):
+        held = (kept or {}).get(names[i]) if names and port is None else None
+        if held is not None and base_port <= held <= 65535 and held not in used:
+            out[i] = held
+            used.add(held)
+    next_port = base_port
+    for i, port in enumerate(out):
         if port is None:
             while next_port in used:
                 next_port += 1
-            port = next_port if next_port <= 65535 else None
+            out[i] = next_port if next_port <= 65535 else None
             used.add(next_port)
             next_port += 1
-        out.append(port)
     return out
 
 
 def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
          reserve_mib=DEFAULT_RESERVE_MIB, tolerance_mib=DEFAULT_TOLERANCE_MIB, unit_prefix="vllm-",
-         use_uuids=True, base_port=8000, cpu_only=False, memory_base=MEMORY_BASE) -> list[dict]:
+         use_uuids=True, base_port=8000, cpu_only=False, memory_base=MEMORY_BASE, kept_ports=None,
+         kept_gpus=None) -> list[dict]:
     """Return the placement plan (one dict per instance, input order) or raise PlanError.
 
     ``cpu_only``: plan a host without GPUs (``vllm_preflight_gpu: false``) through the same checks
     (names, ports, sizes); every instance gets no GPUs, no CPU set and no footprint expectation.
     ``memory_base``: what ``gpu_memory_utilization`` is a fraction of when the weights' fit is
     checked (the same base ``gpu_footprint`` applies; see module_utils/nvidia_smi.py).
+    ``kept_ports``: name -> the automatic port the host's recorded plan gave it (``kept_slots``); an instance left
+    without ``port`` keeps it while it is free (``assign_ports``). ``kept_gpus``: name -> the UUIDs of the GPUs the
+    recorded plan gave an instance without explicit ``gpus`` (``kept_slots``); kept where the rules still accept
+    them (``_Planner.place``).
     """
     host_name = str(host) if host not in (None, "") else None
     for key, value, lo in (("reserve_mib", reserve_mib, 0), ("tolerance_mib", tolerance_mib, 0),
@@ -919,7 +984,9 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
         raise PlanError(problems, host_name)
 
     if not cpu_only:
-        planner.place(insts)
+        kept = {name: [hostm.by_uuid[str(u).lower()] for u in uuids] for name, uuids in (kept_gpus or {}).items()
+                if isinstance(uuids, list) and uuids and all(str(u).lower() in hostm.by_uuid for u in uuids)}
+        planner.place(insts, kept)
 
     problems = []
     for inst in insts:
@@ -930,7 +997,7 @@ def plan(gpus, instances, links=None, *, host=None, variable="vllm_instances",
     if problems:
         raise PlanError(problems, host_name)
 
-    ports = assign_ports([inst.port for inst in insts], base_port)
+    ports = assign_ports([inst.port for inst in insts], base_port, [inst.name for inst in insts], kept_ports)
     for inst, port in zip(insts, ports):
         if port is None:
             raise PlanError([f"{inst.where}: no free port left above base_port {base_port}; "

@@ -35,7 +35,7 @@ from __future__ import annotations
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import connect_host
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on, serves_api_on
-from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports
+from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports, kept_slots
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
 __all__ = ["plan_routers", "router_workers", "plan_endpoints", "inventory_endpoints", "fleet_endpoints",
@@ -137,7 +137,9 @@ def inventory_endpoints(name, entry, fleet):
     its plan keeps, ``multinode.planned_on``), so it agrees with the plan that host gets when it is planned."""
     norm = normalise(entry.get("models"), entry.get("instances"), host=name)
     kept = [r for r in norm["instances"] if planned_on(r.get("nodes"), name, fleet)]
-    ports = assign_ports([r.get("port") for r in kept], as_int(entry.get("base_port")) or 8000)
+    base = as_int(entry.get("base_port")) or 8000
+    ports = assign_ports([r.get("port") for r in kept], base, [r.get("name") for r in kept],
+                         kept_slots(entry.get("slots"), "port", base))
     return [{"instance": r["name"], "model": r["model"], "port": p} for r, p in zip(kept, ports)
             if p is not None and (r.get("nodes") is None or serves_api_on(r.get("nodes"), name, fleet))]
 

@@ -401,15 +401,30 @@ def _exec_lines(prefix, python, args, entrypoint=None) -> list[str]:
     return [head] + [" ".join(systemd_quote(t) for t in group) for group in args]
 
 
-def _vllm_ports(specs, port_base, stride, problems):
+def _vllm_ports(specs, port_base, stride, problems, kept=None):
     """Give every spec its VLLM_PORT range (vLLM takes its internal ports from this base upwards): its own
-    ``vllm_port`` or ``port_base + position x stride``; ranges must not overlap nor hold an HTTP port."""
+    ``vllm_port``, else the range the host's recorded plan gave the instance of that name (``kept``: name -> base,
+    ``placement.kept_slots``) while no other instance holds it, else ``port_base + position x stride`` or the next
+    range up that none holds (so an instance keeps its range when others are added, removed or reordered);
+    ranges must not overlap nor hold an HTTP port."""
     http_ports = {spec["port"]: spec["name"] for _pos, spec in specs}
-    ranges = []
+    bases = {spec["name"]: spec["vllm_port"] for _pos, spec in specs}
+    held = {b for b in bases.values() if b is not None}
+    for _pos, spec in specs:
+        base = (kept or {}).get(spec["name"]) if spec["vllm_port"] is None else None
+        if base is not None and base >= port_base and (base - port_base) % stride == 0 and base not in held:
+            bases[spec["name"]] = base
+            held.add(base)
     for pos, spec in specs:
-        base = spec["vllm_port"]
-        if base is None:
+        if bases[spec["name"]] is None:
             base = port_base + pos * stride
+            while base in held:
+                base += stride
+            bases[spec["name"]] = base
+            held.add(base)
+    ranges = []
+    for _pos, spec in specs:
+        base = bases[spec["name"]]
         top = base + stride - 1
         if top > 65535:
             problems.append(f"instance '{spec['name']}': its VLLM_PORT range {base}-{top} ends above 65535; lower "
@@ -432,12 +447,14 @@ def service_specs(placed, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/
                   vllm_port_base=20000, vllm_port_stride=100, nccl_env=None, environment=None,
                   disable_custom_all_reduce=False, numa_bind=True, cpu_affinity=True,
                   kernel_numa_nodes=None, online_cpus=None, systemd_version=None,
-                  numactl="/usr/bin/numactl", numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD, variant="cuda") -> dict:
+                  numactl="/usr/bin/numactl", numa_policy_min_systemd=NUMA_POLICY_MIN_SYSTEMD, variant="cuda",
+                  kept_vllm_ports=None) -> dict:
     """Specs for every placed instance: ``{"instances": [...], "warnings": [...], "problems": [...]}``.
 
     ``placed``: ``placement.plan``'s entries of normalised instance records; ``models``: the normalised
     catalogue; the options: the plan inputs, typed (``host_plan.plan_inputs``), and the host's facts.
     ``problems`` (one sentence each) are what only the units can see; the plan refuses them.
+    ``kept_vllm_ports``: name -> the automatic VLLM_PORT base the host's recorded plan gave it (``_vllm_ports``).
     """
     problems, warnings = [], []
     sd_version = None
@@ -462,7 +479,7 @@ def service_specs(placed, models, *, host="127.0.0.1", venv="/opt/inferops/vllm/
         if spec is not None:
             specs.append((pos, spec))
     if not problems:
-        _vllm_ports(specs, vllm_port_base, vllm_port_stride, problems)
+        _vllm_ports(specs, vllm_port_base, vllm_port_stride, problems, kept_vllm_ports)
     for _pos, spec in specs:
         spec["environment_lines"] = [systemd_env_assignment(k, v) for k, v in spec["environment"]]
         spec["environment"] = [[k, v] for k, v in spec["environment"]]

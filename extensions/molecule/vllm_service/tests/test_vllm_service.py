@@ -851,8 +851,8 @@ TRANSITIONS = [
     # put-back) while beta is renamed gamma and moves to GPU 1; alpha's two ranks share NUMA node 1's one CPU of this
     # container (the plan binds them both to it, 1|1: vLLM's own binding would not start, issue 39). Beta leaves GPU 2
     # and port 8001 to the others, so it stops first; make before break: gamma (new) starts before alpha restarts,
-    # so tiny always has an instance up. Gamma's port is pinned where beta's was, else its automatic port would shift
-    # onto alpha's old one (issue 39: ports do not stay put).
+    # so tiny always has an instance up. Gamma's port is pinned where beta's was: a new name keeps nothing of the
+    # recorded plan (its slots), so its automatic port would be the lowest free one, alpha's old 8000.
     # (Stop 48: "swap-numa-nodes-another-model-under-beta-and-a-port-move", a case of its own, went: a converge, a
     # check-mode run and three restarts. The swap, a cycle that can only be broken by a gap, is planned and checked
     # in tests/unit/plugins/filter/test_vllm_service_transition.py; the port move is here now.)

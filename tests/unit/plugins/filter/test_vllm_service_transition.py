@@ -204,6 +204,27 @@ def test_a_removed_instance_kept_by_prune_false_that_is_in_the_way_is_a_problem_
         result["problems"][0]
 
 
+def test_an_instance_added_at_the_head_starts_alone_and_a_removed_one_stops_alone():
+    """Issue 39, ports and GPUs stay put: with the recorded plan's slots (through plan.json's JSON), adding an instance
+    at the head starts that one and restarts none (without them all four restarted, each on the next port, range and
+    GPU); removing one stops it and restarts none (tests/unit/roles/test_plan_slots.py holds the plan's cases)."""
+    def inst(name):
+        return {"name": name, "model": "n"}
+
+    def plan_of(names, recorded=None):
+        slots = json.loads(json.dumps(recorded["slots"])) if recorded else None
+        return build_plan(MODELS, [inst(n) for n in names], dict(SEED, slots=slots), {}, host="seed")
+
+    old = plan_of("abc")
+    assert changed(old, plan_of("zabc")) == ["z", "a", "b", "c"]
+    added = plan_of("zabc", old)
+    assert changed(old, added) == ["z"]
+    assert [(s["action"], s["name"]) for s in check(old, added)["steps"]] == [("restart", "z")]
+    removed = plan_of("ac", old)
+    assert changed(old, removed) == []
+    assert [(s["action"], s["name"]) for s in check(old, removed)["steps"]] == [("stop", "b")]
+
+
 def test_nothing_changed_is_no_step():
     old = plan([{"name": "a", "model": "m", "numa_node": 0}])
     result = check(old, old)

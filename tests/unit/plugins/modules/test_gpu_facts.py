@@ -1,9 +1,11 @@
 """gpu_facts: data-driven cases (tests/unit/data/gpu_facts_cases.yml) through the module's main()."""
 import copy
+import json
 
 import pytest
 
-from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi
+from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi, plan_record
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS
 from ansible_collections.inferops.vllm.plugins.modules import gpu_facts
 
 from gpu_harness import SMI, Runner, assert_subset, expand_cpus, load_cases
@@ -29,7 +31,7 @@ HOST = {"systemd_version": 252, "kernel_numa_nodes": [0, 1], "online_cpus": "0-6
 def _host_part(request, monkeypatch):
     """The cases are nvidia-smi captures: the host part (systemctl, sysfs, statvfs) is tested on its own below."""
     if "host_resources" not in request.node.name:
-        monkeypatch.setattr(gpu_facts, "host_resources", lambda _module, _path=None: dict(HOST))
+        monkeypatch.setattr(gpu_facts, "host_resources", lambda _module, _path=None, _config=None: dict(HOST))
 
 
 def _expand(facts):
@@ -186,20 +188,20 @@ def test_host_resources_reads_systemd_numa_nodes_online_cpus_and_free_space(monk
     _sysfs(monkeypatch, tmp_path, ["node0", "node1", "node10", "possible", "power"], "0-63")
     host = _Host()
     models = tmp_path / "var" / "lib" / "models"
-    found = gpu_facts.host_resources(host, str(models))
+    found = gpu_facts.host_resources(host, str(models), str(tmp_path / "no-config"))
     assert host.calls == [(["/usr/bin/systemctl", "--version"], {"LC_ALL": "C"})]
     df = subprocess.run(["df", "-Pk", str(tmp_path)], capture_output=True, text=True, check=True).stdout
     available = int(df.splitlines()[1].split()[3])
     assert abs(found.pop("free_kib") - available) <= 1024, df  # the same file system, read a moment apart
-    assert found == {"systemd_version": 252, "kernel_numa_nodes": [0, 1, 10], "online_cpus": "0-63"}
+    assert found == {"systemd_version": 252, "kernel_numa_nodes": [0, 1, 10], "online_cpus": "0-63", "slots": {}}
 
 
 def test_host_resources_says_unknown_never_guesses(monkeypatch, tmp_path):
     """No systemctl, no NUMA directory, no online file: 0, [], '' - and no free space without a path."""
     monkeypatch.setattr(gpu_facts, "SYS_NODES", str(tmp_path / "absent"))
     monkeypatch.setattr(gpu_facts, "SYS_ONLINE", str(tmp_path / "absent-online"))
-    assert gpu_facts.host_resources(_Host(systemctl=None)) == {
-        "systemd_version": 0, "kernel_numa_nodes": [], "online_cpus": "", "free_kib": None}
+    assert gpu_facts.host_resources(_Host(systemctl=None), None, str(tmp_path / "no-config")) == {
+        "systemd_version": 0, "kernel_numa_nodes": [], "online_cpus": "", "free_kib": None, "slots": {}}
     failing = _Host(answer=(1, "", "Failed to connect to bus"))
     assert gpu_facts.host_resources(failing)["systemd_version"] == 0
 
@@ -209,10 +211,41 @@ def test_gpus_false_reads_the_host_only_host_resources(monkeypatch, tmp_path):
     _sysfs(monkeypatch, tmp_path, ["node0"], "0-1")
     runner = Runner(monkeypatch, tmp_path, {}, binary=None)
     monkeypatch.setattr(gpu_facts.AnsibleModule, "get_bin_path", lambda _self, name, required=False, opt_dirs=None: None)
-    outcome, result = runner.run(gpu_facts.main, {"gpus": False, "free_space_of": str(tmp_path / "models")})
+    outcome, result = runner.run(gpu_facts.main, {"gpus": False, "free_space_of": str(tmp_path / "models"),
+                                                  "config_dir": str(tmp_path / "config")})
     assert outcome == "exit", result
     assert runner.calls == [] and result["nvidia_smi_calls"] == []
     facts = result["ansible_facts"]
     assert list(facts) == ["host_resources"]
     assert facts["host_resources"]["kernel_numa_nodes"] == [0] and facts["host_resources"]["online_cpus"] == "0-1"
     assert isinstance(facts["host_resources"]["free_kib"], int) and facts["host_resources"]["free_kib"] > 0
+
+
+SLOTS = {"base_port": 8000, "vllm_port_base": 20000, "vllm_port_stride": 100,
+         "auto": {"chat": {"port": 8001, "vllm_port": 20100, "gpu_uuids": ["GPU-84ea54cb-4767-0e6a-8104-87422151c222"]}}}
+
+
+@pytest.mark.parametrize("content, slots", [
+    (json.dumps({"schema": 1, "instances": [], "slots": SLOTS}), SLOTS),
+    (json.dumps({"schema": 1, "instances": []}), {}),  # recorded before plans had slots
+    (json.dumps({"schema": 1, "slots": ["not", "a", "dict"]}), {}),
+    (json.dumps([1, 2]), {}),
+    ('{"slots": {"auto": ', {}),  # cut short: a record half written is no record
+    (None, {}),  # no record: a host never configured
+])
+def test_host_resources_reads_the_recorded_plans_slots_or_nothing(monkeypatch, tmp_path, content, slots):
+    """What the recorded plan gave its instances automatically comes back as the plan wrote it; a record that is
+    missing, cut short or of another shape gives nothing (the next plan works every port out afresh), never an
+    error."""
+    monkeypatch.setattr(gpu_facts, "SYS_NODES", str(tmp_path / "absent"))
+    config = tmp_path / "etc" / "inferops" / "vllm"
+    config.mkdir(parents=True)
+    if content is not None:
+        (config / "plan.json").write_text(content)
+    assert gpu_facts.host_resources(_Host(systemctl=None), None, str(config) + "/")["slots"] == slots
+
+
+def test_the_recorded_plans_path_is_the_plans_own():
+    """gpu_facts reads the file the service stage writes: the plan's paths.plan_file, from one function."""
+    assert plan_record.plan_file(None) == PLAN_INPUTS["vllm_service_config_dir"][1] + "/plan.json"
+    assert plan_record.plan_file("/srv/cfg/") == "/srv/cfg/plan.json"
