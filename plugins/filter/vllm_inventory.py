@@ -56,11 +56,12 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
     from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, inventory_problems  # pylint: disable=import-outside-toplevel
     from ansible_collections.inferops.vllm.plugins.plugin_utils.role_options import option_problems  # pylint: disable=import-outside-toplevel
     from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import (  # pylint: disable=import-outside-toplevel
-        INSTALL_INPUTS, WEIGHTS_INPUTS, install_input_problems, weights_input_problems)
+        INSTALL_INPUTS, SERVICE_INPUTS, WEIGHTS_INPUTS, install_input_problems, service_input_problems,
+        weights_input_problems)
     from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain, scrub  # pylint: disable=import-outside-toplevel
     try:
         names = ["vllm_models", "vllm_instances"] + list(PLAN_INPUTS)
-        names += [n for n in INSTALL_INPUTS + WEIGHTS_INPUTS if n not in names]
+        names += [n for n in INSTALL_INPUTS + WEIGHTS_INPUTS + SERVICE_INPUTS if n not in names]
         names += [n for n in (plain(spec) or {}) if n not in names]
         values, problems, failed = _read(variables if variables is not None else {}, names, host)
         if models is None and instances is None:
@@ -76,6 +77,9 @@ def vllm_inventory_problems(models, instances, host=None, variables=None, spec=N
         problems += [where + p for p in _key_problems(variables if variables is not None else {}, models, host)]
         problems += install_input_problems({k: v for k, v in values.items() if k in INSTALL_INPUTS}, host)
         problems += weights_input_problems({k: v for k, v in values.items() if k in WEIGHTS_INPUTS}, host)
+        # the instances listen on vllm_service_host (the plan's bind_address of every instance)
+        bind = values.get("vllm_service_host", PLAN_INPUTS["vllm_service_host"][1])
+        problems += service_input_problems({k: v for k, v in values.items() if k in SERVICE_INPUTS}, host, [bind])
         return [scrub(p) for p in problems]
     except Exception as exc:  # pylint: disable=broad-exception-caught
         return [unexpected(host, exc)]
@@ -98,10 +102,21 @@ def vllm_weights_input_problems(values, host=None):
     return weights_input_problems(plain(values), host)
 
 
+def vllm_service_input_problems(values, host=None, binds=None):
+    """The service role's settings checks (the units' and the watchdog's whole numbers, the secrets' form, an API
+    without a key beyond loopback) of ``values`` (variable -> value), one sentence per problem, never a secret; the
+    service role asserts this list is empty, the inventory validation reports it. ``binds``: the addresses the
+    instances listen on."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import service_input_problems  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.values import plain  # pylint: disable=import-outside-toplevel
+    return service_input_problems(plain(values), host, plain(binds))
+
+
 class FilterModule:
     """Inventory checks for inferops.vllm."""
 
     def filters(self):
         return {"vllm_inventory_problems": vllm_inventory_problems,
                 "vllm_install_input_problems": vllm_install_input_problems,
-                "vllm_weights_input_problems": vllm_weights_input_problems}
+                "vllm_weights_input_problems": vllm_weights_input_problems,
+                "vllm_service_input_problems": vllm_service_input_problems}

@@ -120,6 +120,10 @@ PLAN_INPUTS = {
                                 "Root-only directory of the environment files and C(plan.json)."),
     "vllm_service_tmp_dir": ("tmp_dir", "/tmp", "C(TMPDIR) of the instances."),
     "vllm_service_unit_prefix": ("unit_prefix", "vllm-", "Unit name prefix: C(<prefix><name>.service)."),
+    "vllm_service_timeout_stop_sec": ("timeout_stop_sec", 90,
+                                      "C(TimeoutStopSec=) of every instance unit: after it systemd kills what is left "
+                                      "of the instance; longer than every instance's C(shutdown_timeout), or the plan "
+                                      "refuses."),
     "vllm_frontdoor_bind_address": ("frontdoor_bind_address", "",
                                     "Address the front doors (C(frontdoor_port) of C(vllm_models)) listen on; "
                                     "empty: C(vllm_service_host)."),
@@ -216,6 +220,7 @@ _RANGES = {
     "vllm_service_node_exporter_port": (1024, 65535, "a TCP port number", (0,)),
     "vllm_router_listen_port_base": (1024, 65000, "a TCP port number", ()),
     "vllm_router_metrics_port_base": (1024, 65000, "a TCP port number", ()),
+    "vllm_service_timeout_stop_sec": (1, 86400, "a number of seconds", ()),
 }
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
@@ -570,6 +575,7 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
 
     out, shared = _instances(placed, specs["instances"], records, norm["models"])
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
+    problems += _stop_problems(out, int(opts["timeout_stop_sec"]))
     weights, skipped, weights_problems = plan_items(norm["models"], [i["model"]["key"] for i in out],
                                                     opts["models_dir"], opts["weights_verify"])
     problems += weights_problems
@@ -587,6 +593,25 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
             "frontdoors": frontdoors, "frontdoor_metrics": frontdoor_metrics, "node_exporter": node_exporter,
             "venv": venv, "problems": problems,
             "slots": _slots(records, out, popts["base_port"], opts)}
+
+
+def _stop_problems(out, stop_sec):
+    """Every instance's unit waits ``stop_sec`` (vllm_service_timeout_stop_sec, the unit's C(TimeoutStopSec=)), longer
+    than vLLM's graceful shutdown (the key shutdown_timeout, C(--shutdown-timeout) in the argv), or a stop kills the
+    requests it was letting finish; each instance gets the value for its unit."""
+    late = []
+    for inst in out:
+        inst["timeout_stop_sec"] = stop_sec
+        argv = inst.get("argv") or []
+        if "--shutdown-timeout" in argv[:-1]:
+            seconds = as_int(argv[argv.index("--shutdown-timeout") + 1])
+            if seconds is not None and seconds >= stop_sec:
+                late.append(f"{inst['name']} ({seconds} s)")
+    if not late:
+        return []
+    return [f"vllm_service_timeout_stop_sec is {stop_sec}, not longer than the shutdown_timeout of {', '.join(late)} "
+            "(vLLM's --shutdown-timeout: how long a stopping instance lets requests in flight finish); raise "
+            "vllm_service_timeout_stop_sec or lower shutdown_timeout in vllm_models or vllm_instances"]
 
 
 def _slots(records, out, base_port, opts):

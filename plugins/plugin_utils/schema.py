@@ -116,8 +116,8 @@ ROWS = [
          flag="trust-remote-code", form="switch", check="bool"),
     _row("shutdown_timeout", "int", BOTH, "C(--shutdown-timeout): seconds a stopping instance refuses new requests "
                                           "and lets those in flight finish (0: vLLM aborts them); the unit's "
-                                          "C(vllm_service_timeout_stop_sec) must be longer (the service role "
-                                          "checks).", default=30, flag="shutdown-timeout", form="value",
+                                          "C(vllm_service_timeout_stop_sec) must be longer (the plan "
+                                          "refuses).", default=30, flag="shutdown-timeout", form="value",
          check="seconds", example="30"),
     _row("max_num_seqs", "int", BOTH, "C(--max-num-seqs): the most requests the engine runs at once.",
          flag="max-num-seqs", form="value", check="positive", example="256", promoted="1.1.0"),

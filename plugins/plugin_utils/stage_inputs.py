@@ -13,8 +13,8 @@ import re
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
 
-__all__ = ["INSTALL_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS", "install_input_problems",
-           "weights_input_problems"]
+__all__ = ["INSTALL_INPUTS", "SERVICE_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS",
+           "install_input_problems", "service_input_problems", "weights_input_problems"]
 
 #: Exact PEP 440 versions only (a release, optional pre/post/dev part): no ranges, no "latest".
 VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)+((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?$"
@@ -33,6 +33,25 @@ WEIGHTS_BOUNDS = {
     "vllm_weights_fanout_max_rate_mib": (0, None, "MiB/s per copy, 0 for no limit"),
 }
 WEIGHTS_INPUTS = tuple(WEIGHTS_BOUNDS) + ("vllm_weights_source_dir_on", "vllm_weights_source_dir", "vllm_weights_owner")
+#: The service role's settings that a unit, its gate or the watchdog reads as whole numbers, with their least value.
+SERVICE_BOUNDS = {
+    "vllm_service_timeout_start_sec": (1, "seconds systemd lets an instance start (TimeoutStartSec=)"),
+    "vllm_service_restart_sec": (0, "seconds before systemd restarts a failed instance (RestartSec=)"),
+    "vllm_service_start_limit_burst": (1, "starts allowed in the interval (StartLimitBurst=)"),
+    "vllm_service_start_limit_interval_sec": (0, "seconds of StartLimitIntervalSec="),
+    "vllm_service_limit_nofile": (1024, "open files of an instance (LimitNOFILE=)"),
+    "vllm_service_health_timeout": (1, "seconds the health gate waits"),
+    "vllm_service_health_delay": (1, "seconds between the gate's polls"),
+    "vllm_service_watchdog_interval": (5, "seconds between two watchdog passes"),
+    "vllm_service_watchdog_fail_after": (1, "failed passes before the watchdog heals"),
+    "vllm_service_watchdog_probe_timeout": (1, "seconds a watchdog probe waits"),
+    "vllm_service_watchdog_max_heals": (0, "heals per window"),
+    "vllm_service_watchdog_heal_window": (60, "seconds of the heal window"),
+}
+#: The secrets (their values are never shown), and what says an API without a key may serve beyond loopback.
+SERVICE_SECRETS = ("vllm_service_api_key", "vllm_service_hf_token")
+SERVICE_INPUTS = tuple(SERVICE_BOUNDS) + SERVICE_SECRETS + ("vllm_service_allow_unauthenticated",)
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _json(value) -> str:
@@ -103,4 +122,42 @@ def weights_input_problems(values, host) -> list:
         if not isinstance(owner, str) or not owner.strip():
             problems.append(f"host {host}: vllm_weights_owner is {_json(owner)}; name the user the weights belong "
                             "to, or leave it out (the plan's run_as user).")
+    return problems
+
+
+def service_input_problems(values, host, binds=None) -> list:
+    """One sentence per problem (the host, the variable, the fix) of the service role's settings in ``values``
+    (variable -> value; those left out are not checked); never raises and never shows a secret.
+
+    ``binds``: the addresses the host's instances listen on (the plan's ``bind_address``, or the plan input
+    ``vllm_service_host`` before there is a plan): with no API key, an address other than loopback is refused unless
+    ``vllm_service_allow_unauthenticated`` is true."""
+    values = values if isinstance(values, dict) else {}
+    problems = []
+    for name, (low, what) in SERVICE_BOUNDS.items():
+        if name not in values:
+            continue
+        num = as_int(values[name])
+        if num is None or num < low:
+            problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number of at least {low} "
+                            f"({what}).")
+    for name in SERVICE_SECRETS:
+        if name not in values:
+            continue
+        secret = values[name]
+        if not isinstance(secret, str) or re.search(r"['\n\r]", secret):
+            problems.append(f"host {host}: {name} must be a string without single quotes or line breaks (it is "
+                            "written literally into a root-only environment file); set it again (its value is not "
+                            "shown).")
+    allow = values.get("vllm_service_allow_unauthenticated", False)
+    if not isinstance(allow, bool) and str(allow).lower() not in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+        problems.append(f"host {host}: vllm_service_allow_unauthenticated is {_json(allow)}; use true or false.")
+    elif str(allow).lower() not in ("true", "yes", "1", "on"):
+        key = values.get("vllm_service_api_key", "")
+        open_to = sorted({str(b) for b in (binds or []) if str(b) not in LOOPBACK})
+        if isinstance(key, str) and not key and open_to:
+            problems.append(f"host {host}: the instances listen on {', '.join(open_to)} (vllm_service_host) but "
+                            "vllm_service_api_key is empty, so anyone who reaches that address could use the models. "
+                            "Set vllm_service_api_key (kept in a root-only environment file), bind to 127.0.0.1, or "
+                            "set vllm_service_allow_unauthenticated: true.")
     return problems

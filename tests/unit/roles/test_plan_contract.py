@@ -297,3 +297,20 @@ def test_the_plan_says_whether_broken_p2p_is_mitigated_and_health_reads_only_tha
                 vllm_service_disable_custom_all_reduce=True)["p2p_mitigated"] is True
     tasks = load_yaml("roles", "vllm_preflight", "tasks", "health.yml")
     assert tasks[0]["inferops.vllm.gpu_health"]["p2p_mitigated"] == "{{ vllm_preflight_plan.p2p_mitigated | default(false) }}"
+
+
+def test_units_that_would_kill_a_graceful_shutdown_are_refused_by_the_plan():
+    """vllm_service_timeout_stop_sec (TimeoutStopSec= of every unit) is a plan input: not longer than an instance's
+    shutdown_timeout, the plan refuses before any host changes (it was the service role's check, after the install and
+    the weights); otherwise each instance carries it for its unit."""
+    models = {"m": {"repo_id": "org/m", "revision": SHA, "shutdown_timeout": 120}}
+    with pytest.raises(PlanContractError) as err:
+        build_plan(models, [{"name": "chat", "model": "m"}], host_facts("h200-1gpu"), host="h")
+    assert ("host h: vllm_service_timeout_stop_sec is 90, not longer than the shutdown_timeout of chat (120 s)"
+            in str(err.value))
+    plan = build_plan(models, [{"name": "chat", "model": "m"}], host_facts("h200-1gpu"),
+                      {"vllm_service_timeout_stop_sec": 150}, host="h")
+    assert [i["timeout_stop_sec"] for i in plan["instances"]] == [150]
+    with pytest.raises(PlanContractError, match="vllm_service_timeout_stop_sec"):
+        build_plan(models, [{"name": "chat", "model": "m"}], host_facts("h200-1gpu"),
+                   {"vllm_service_timeout_stop_sec": 0}, host="h")

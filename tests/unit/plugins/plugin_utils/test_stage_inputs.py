@@ -1,8 +1,9 @@
-"""The later stages' own settings (install, weights): one function each, asserted by the role and run by the inventory
-validation before any host changes."""
+"""The later stages' own settings (install, weights, service): one function each, asserted by the role and run by the
+inventory validation before any host changes."""
 from __future__ import annotations
 
 import os
+import re
 
 import yaml
 from hypothesis import given
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_inventory_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import (
-    VARIANTS, WEIGHTS_INPUTS, install_input_problems, weights_input_problems)
+    SERVICE_INPUTS, VARIANTS, WEIGHTS_INPUTS, install_input_problems, service_input_problems, weights_input_problems)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
@@ -106,3 +107,80 @@ def test_a_bad_weights_setting_in_the_inventory_is_refused_before_any_host_chang
 def test_any_weights_setting_gives_sentences_never_an_exception(values):
     for problem in weights_input_problems(values, "h"):
         assert problem.startswith("host h: vllm_weights_") and problem.endswith(".")
+
+
+def _service_defaults():
+    with open(os.path.join(ROOT, "roles", "vllm_service", "defaults", "main.yml")) as handle:
+        defaults = yaml.safe_load(handle)
+    return {k: defaults[k] for k in SERVICE_INPUTS if "{{" not in str(defaults[k])}
+
+
+def test_the_service_defaults_are_good_and_each_bad_setting_is_named_never_a_secret():
+    defaults = _service_defaults()
+    assert set(SERVICE_INPUTS) - set(defaults) == {"vllm_service_health_timeout"}  # a template: the start timeout
+    assert service_input_problems(defaults, "h", ["127.0.0.1"]) == []
+    got = service_input_problems({"vllm_service_timeout_start_sec": 0, "vllm_service_limit_nofile": "many",
+                                  "vllm_service_api_key": "sk-it's\nsecret", "vllm_service_hf_token": 42},
+                                 "gpu-1", ["127.0.0.1"])
+    assert got == [
+        'host gpu-1: vllm_service_timeout_start_sec is "0"; use a whole number of at least 1 (seconds systemd lets '
+        'an instance start (TimeoutStartSec=)).',
+        'host gpu-1: vllm_service_limit_nofile is "many"; use a whole number of at least 1024 (open files of an '
+        'instance (LimitNOFILE=)).',
+        "host gpu-1: vllm_service_api_key must be a string without single quotes or line breaks (it is written "
+        "literally into a root-only environment file); set it again (its value is not shown).",
+        "host gpu-1: vllm_service_hf_token must be a string without single quotes or line breaks (it is written "
+        "literally into a root-only environment file); set it again (its value is not shown)."]
+    assert not any("secret" in p for p in got)
+
+
+@given(bind=st.sampled_from(["0.0.0.0", "10.0.0.5", "::", "127.0.0.1", "::1", "localhost"]),
+       key=st.sampled_from(["", "sk-1"]), allow=st.sampled_from([None, True, False, "yes", "no"]))
+def test_an_api_without_a_key_is_refused_beyond_loopback_unless_allowed(bind, key, allow):
+    values = {"vllm_service_api_key": key}
+    if allow is not None:
+        values["vllm_service_allow_unauthenticated"] = allow
+    got = service_input_problems(values, "h", [bind])
+    refused = not key and bind not in ("127.0.0.1", "::1", "localhost") and allow not in (True, "yes")
+    assert bool(got) == refused, got
+    if refused:
+        assert got == [f"host h: the instances listen on {bind} (vllm_service_host) but vllm_service_api_key is "
+                       "empty, so anyone who reaches that address could use the models. Set vllm_service_api_key "
+                       "(kept in a root-only environment file), bind to 127.0.0.1, or set "
+                       "vllm_service_allow_unauthenticated: true."]
+
+
+def test_a_bad_service_setting_in_the_inventory_is_refused_before_any_host_changes():
+    """The inventory's vllm_service_host is the bind the validation checks (the plan's rule: every instance binds
+    it); the secret itself is never in a sentence."""
+    got = vllm_inventory_problems(None, None, host="gpu-1", variables={
+        "vllm_models": {}, "vllm_instances": [], "vllm_service_host": "0.0.0.0", "vllm_service_watchdog_interval": 1,
+        "vllm_service_hf_token": "hf_abc'def"})
+    assert any(p.startswith("host gpu-1: the instances listen on 0.0.0.0 (vllm_service_host)") for p in got), got
+    assert any(p.startswith('host gpu-1: vllm_service_watchdog_interval is "1"') for p in got), got
+    assert any(p.startswith("host gpu-1: vllm_service_hf_token must be a string") for p in got), got
+    assert not any("hf_abc" in p for p in got), got
+    assert vllm_inventory_problems(None, None, host="gpu-1", variables={
+        "vllm_models": {}, "vllm_instances": [], "vllm_service_host": "0.0.0.0", "vllm_service_api_key": "k"}) == []
+
+
+def test_the_service_roles_check_reads_exactly_these_settings():
+    """roles/vllm_service/tasks/validate.yml picks the settings by a pattern of variable names: it must name exactly
+    SERVICE_INPUTS among the role's variables (its defaults and its argument spec)."""
+    with open(os.path.join(ROOT, "roles", "vllm_service", "tasks", "validate.yml")) as handle:
+        task = next(t for t in yaml.safe_load(handle) if t.get("name") == "Check the settings, the secrets and the bind address")
+    pattern = "".join(re.findall(r"'([^']*)'", task["vars"]["_names"].split("varnames',", 1)[1]))
+    with open(os.path.join(ROOT, "roles", "vllm_service", "meta", "argument_specs.yml")) as handle:
+        names = set(yaml.safe_load(handle)["argument_specs"]["main"]["options"])
+    with open(os.path.join(ROOT, "roles", "vllm_service", "defaults", "main.yml")) as handle:
+        names |= set(yaml.safe_load(handle))
+    assert {n for n in names if re.search(pattern, n)} == set(SERVICE_INPUTS)
+
+
+@given(st.dictionaries(st.sampled_from(SERVICE_INPUTS),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+                                 st.lists(st.integers(), max_size=2))),
+       st.lists(st.one_of(st.text(max_size=8), st.none(), st.integers()), max_size=3))
+def test_any_service_setting_gives_sentences_never_an_exception(values, binds):
+    for problem in service_input_problems(values, "h", binds):
+        assert problem.startswith("host h: ") and problem.endswith(".")
