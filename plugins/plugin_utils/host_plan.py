@@ -63,7 +63,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
 )
 
 __all__ = ["PLAN_INPUTS", "PLAN_SCHEMA_VERSION", "PlanContractError", "build_plan", "plan_inputs", "input_problems",
-           "inventory_problems", "address_problem", "choice_problems"]
+           "inventory_problems", "address_problem", "choice_problems", "plan_inputs_spec", "plan_inputs_table"]
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -262,6 +262,38 @@ def address_problem(variable, value, allow_empty=False):
     if any(c.isspace() for c in value) or not _HOSTNAME_RE.match(value):
         return f"{variable} is {value!r}, neither an IP address nor a host name; use an address such as 0.0.0.0"
     return None
+
+
+_SPEC_TYPES = {bool: "bool", int: "int", dict: "dict", list: "list", str: "str"}
+
+
+def plan_inputs_spec():
+    """The plan inputs as options of vllm_preflight's argument spec (variable -> type, default, description, and the
+    elements or choices the checks use), from the rows: ``tools/schema_docs.py`` writes them into
+    ``roles/vllm_preflight/meta/argument_specs.yml``, so the spec, the docs and the checks read one row."""
+    from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import VARIANTS  # pylint: disable=import-outside-toplevel
+    choices = dict(_CHOICES, vllm_install_variant=VARIANTS)
+    out = {}
+    for variable, (_option, default, doc) in PLAN_INPUTS.items():
+        entry = {"type": _SPEC_TYPES[type(default)]}
+        if isinstance(default, list):
+            entry["elements"] = "str"
+        if variable in choices:
+            entry["choices"] = list(choices[variable])
+        entry["default"] = default
+        entry["description"] = "Plan input. " + doc
+        out[variable] = entry
+    return out
+
+
+def plan_inputs_table():
+    """The Markdown table of the plan inputs (docs/plan.md), from the rows."""
+    import json  # pylint: disable=import-outside-toplevel
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for variable, (_option, default, doc) in PLAN_INPUTS.items():
+        text = re.sub(r"[CIVO]\(([^)]*)\)", r"`\1`", doc)
+        lines.append(f"| `{variable}` | `{json.dumps(default)}` | {text} |")
+    return "\n".join(lines)
 
 
 def input_problems(inputs):
