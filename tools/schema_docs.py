@@ -100,8 +100,8 @@ def plan_text(text):
     for name, level in (("instance keys", schema.INSTANCE), ("model keys", schema.MODEL)):
         text = _replace(text, f"<!-- BEGIN schema: {name}", f"<!-- END schema: {name}",
                         _md_block(name, schema.docs_table(level)), PLAN_MD)
-    block = _md_block("plan inputs", plan_inputs_table()).replace("plugins/plugin_utils/schema.py",
-                                                                 "plugins/plugin_utils/host_plan.py")
+    block = _md_block("plan inputs", plan_inputs_table())
+    block = block.replace("plugins/plugin_utils/schema.py", "plugins/plugin_utils/host_plan.py")
     return _replace(text, "<!-- BEGIN schema: plan inputs", "<!-- END schema: plan inputs", block, PLAN_MD)
 
 
