@@ -9,6 +9,7 @@
 # ROOT:    target root directory (default /, or $DESTDIR), e.g. a debootstrap tree.
 #
 # Installs /usr/bin/nvidia-smi, /usr/bin/gpusim-hold, /usr/bin/gpusim-host, /usr/bin/nv-fabricmanager,
+# /usr/bin/gpusim-modprobe,
 # /var/lib/gpusim/{kern.log,nvswitch/} (see gpusim-host), every shipped profile under
 # /etc/gpusim/profiles/ and the chosen one as /etc/gpusim/profile.json, and creates
 # /run/gpusim/stray.d (also declared in /usr/lib/tmpfiles.d/gpusim.conf, since /run is a
@@ -42,6 +43,8 @@ install -m 0644 "$src" "$root/etc/gpusim/profile.json"
 # nv-fabricmanager stand-in (a sh wrapper of gpusim-host), and the host files of the health
 # preflight: /var/lib/gpusim/kern.log (the profile's kernel_log lines) and /var/lib/gpusim/nvswitch/.
 install -m 0755 "$here/nv-fabricmanager" "$root/usr/bin/nv-fabricmanager"
+# the NVIDIA modules of the simulated driver (maintenance: modprobe -r before an upgrade, then load; gpusim-host)
+install -m 0755 "$here/gpusim-modprobe" "$root/usr/bin/gpusim-modprobe"
 GPUSIM_PROFILE=$src python3 "$here/gpusim-host" files "$root/var/lib/gpusim"
 printf 'd /run/gpusim/stray.d 0755 root root -\n' > "$root/usr/lib/tmpfiles.d/gpusim.conf"
 echo "gpusim: installed into $root with profile $(basename "$src" .json)"

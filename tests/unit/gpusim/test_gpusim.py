@@ -788,3 +788,56 @@ def test_holder_exits_on_sigterm_and_after_seconds(tmp_path):
     started = time.monotonic()
     bad = subprocess.run([PY, HOLD, "--mib", "-5"], stderr=subprocess.PIPE, check=False)
     assert bad.returncode == 2 and time.monotonic() - started < 10
+
+
+# --------------------------------------------------------------------------- the driver (issue 41: maintenance)
+
+HOST = os.path.join(GPUSIM, "gpusim-host")
+MODPROBE = os.path.join(GPUSIM, "gpusim-modprobe")
+
+
+def test_a_driver_upgrade_breaks_nvml_until_the_modules_are_reloaded(sim, procs, tmp_path):
+    """The package upgrade puts the new library on disk while the old modules run: nvidia-smi fails with NVML's
+    version mismatch (exit 18); the modules cannot come out while a process holds a GPU (modprobe: in use), nor
+    nvidia before the modules that need it; out in the right order, nvidia-smi cannot reach the driver (exit 9);
+    loaded again, it reports the new version. A reboot (boot) does the same as the reload."""
+    profile = profile_path("h200-1gpu")
+    env = {"GPUSIM_DRIVER_DIR": str(tmp_path / "driver"), "GPUSIM_PROFILE": profile,
+           "GPUSIM_STRAY_DIR": str(sim.strays)}
+
+    def host(*args, proc=None):
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUSIM_")}
+        environ.update(env)
+        if proc:
+            environ["GPUSIM_PROC"] = proc
+        done = subprocess.run([PY, HOST] + list(args), env=environ, capture_output=True, text=True, timeout=30,
+                              check=False)
+        return done.returncode, done.stdout, done.stderr
+
+    def version(proc=None):
+        return sim(["--query-gpu=driver_version", "--format=csv,noheader"], profile, proc=proc, env=env)
+
+    before = load_json(profile)["driver_version"]
+    assert version() == (0, (before + "\n").encode())
+    assert host("driver", "install", "580.200.01")[0] == 0
+    code, out = version()
+    assert (code, out.decode()) == (18, "Failed to initialize NVML: Driver/library version mismatch\n"
+                                        "NVML library version: 580.200\n")
+    holder = procs.hold(1024, env={"CUDA_VISIBLE_DEVICES": "0"})
+    busy = procs.view(holder)
+    assert host("modprobe", "-r", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia", proc=busy)[::2] == (
+        1, "modprobe: FATAL: Module nvidia_uvm is in use.\n")
+    assert host("modprobe", "-r", "nvidia", proc=str(tmp_path))[::2] == (1, "modprobe: FATAL: Module nvidia is in use.\n")
+    procs.stop()
+    assert host("modprobe", "-r", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia", proc=str(tmp_path))[0] == 0
+    code, out = version(proc=str(tmp_path))
+    assert code == 9 and out.startswith(b"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
+    assert json.loads(host("driver", "status")[1]) == {"installed": "580.200.01", "loaded": "", "modules": [],
+                                                       "fabricmanager": "580.200.01"}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUSIM_")}
+    environ.update(env)
+    assert subprocess.run([MODPROBE, "nvidia_uvm"], env=environ, check=False, timeout=30).returncode == 0
+    assert version(proc=str(tmp_path)) == (0, b"580.200.01\n")
+    assert json.loads(host("driver", "status")[1])["modules"] == ["nvidia", "nvidia_uvm"]
+    assert host("driver", "install", "580.210.02")[0] == 0 and version()[0] == 18
+    assert host("boot")[0] == 0 and version() == (0, b"580.210.02\n")
