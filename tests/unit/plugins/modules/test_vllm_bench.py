@@ -128,16 +128,21 @@ def test_measures_single_stream_and_concurrency(server, monkeypatch):
 
 
 def test_ttft_and_tpot_come_from_the_stream(server, monkeypatch):
-    _Handler.first_delay, _Handler.token_delay = 0.3, 0.02
+    """TTFT is the time to the first streamed token, TPOT the time between the next ones: with the server waiting
+    0.3 s before the first token and 0.2 s between the six, a TTFT that counted the whole answer would be at least
+    1.3 s. The bounds leave a second of slack for a loaded machine (make test runs this beside a Molecule lane: a
+    bound of 0.6 s once failed at 0.96 s)."""
+    _Handler.first_delay, _Handler.token_delay = 0.3, 0.2
     res = _run(monkeypatch, {"url": server, "model": "tiny", "max_tokens": 6, "requests": 3,
                              "concurrency": 3, "repeats": 1})
     assert isinstance(res, AnsibleExitJson), res.args
     r = res.args[0]
-    # TTFT: the server's 0.3 s before the first token (plus loopback overhead)
-    assert 300 <= r["ttft_p50_ms"] <= r["ttft_p99_ms"] < 600, r
-    assert 300 <= r["single_stream_ttft_ms"] < 600, r
-    # TPOT: (total - TTFT) / 5 is the server's 20 ms between tokens
-    assert 18 <= r["tpot_p50_ms"] <= r["tpot_p99_ms"] < 60, r
+    # TTFT: the server's 0.3 s before the first token, not the 1.3 s of the whole answer
+    assert 300 <= r["ttft_p50_ms"] <= r["ttft_p99_ms"] < 1300, r
+    assert 300 <= r["single_stream_ttft_ms"] < 1300, r
+    # TPOT: (total - TTFT) / 5, the server's 200 ms between tokens
+    assert 190 <= r["tpot_p50_ms"] <= r["tpot_p99_ms"], r
+    assert r["single_stream_latency_s"] * 1000 - r["single_stream_ttft_ms"] >= 5 * 190, r
 
 
 def test_three_rounds_after_a_warm_up_and_the_median(server, monkeypatch):
