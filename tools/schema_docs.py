@@ -67,18 +67,8 @@ class _Dumper(yaml.SafeDumper):
 
 
 def spec_text(text):
-    lines = text.split("\n")
-    indent = next(line for line in lines if line.strip().startswith(YAML_BEGIN))
-    pad = indent[:len(indent) - len(indent.lstrip())]
-    dumped = yaml.dump(schema.argument_spec_options(), Dumper=_Dumper, sort_keys=False, width=110, default_flow_style=False)
-    body = "\n".join(pad + line if line else line for line in dumped.rstrip("\n").split("\n"))
-    text = _replace(text, YAML_BEGIN, YAML_END, f"{pad}{YAML_BEGIN}\n{body}\n{pad}{YAML_END}", SPEC)
-    lines = text.split("\n")
-    indent = next(line for line in lines if line.strip().startswith(MODELS_BEGIN))
-    pad = indent[:len(indent) - len(indent.lstrip())]
-    dumped = yaml.dump(schema.models_description(), Dumper=_Dumper, width=110, default_flow_style=False)
-    body = "\n".join(pad + line for line in dumped.rstrip("\n").split("\n"))
-    text = _replace(text, MODELS_BEGIN, YAML_END, f"{pad}{MODELS_BEGIN}\n{body}\n{pad}{YAML_END}", SPEC)
+    text = _yaml_block(text, YAML_BEGIN, YAML_END, schema.argument_spec_options(), SPEC)
+    text = _yaml_block(text, MODELS_BEGIN, YAML_END, schema.models_description(), SPEC)
     return _yaml_block(text, INPUTS_BEGIN, INPUTS_END, plan_inputs_spec(), SPEC)
 
 

@@ -606,8 +606,11 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
         raise PlanContractError(specs["problems"], host)
 
     out, shared = _instances(placed, specs["instances"], records, norm["models"])
+    stop_sec = int(opts["timeout_stop_sec"])
+    for inst in out:  # each unit's TimeoutStopSec= (the plan input vllm_service_timeout_stop_sec)
+        inst["timeout_stop_sec"] = stop_sec
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
-    problems += _stop_problems(out, int(opts["timeout_stop_sec"]))
+    problems += _stop_problems(out, stop_sec)
     weights, skipped, weights_problems = plan_items(norm["models"], [i["model"]["key"] for i in out],
                                                     opts["models_dir"], opts["weights_verify"])
     problems += weights_problems
@@ -630,10 +633,9 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
 def _stop_problems(out, stop_sec):
     """Every instance's unit waits ``stop_sec`` (vllm_service_timeout_stop_sec, the unit's C(TimeoutStopSec=)), longer
     than vLLM's graceful shutdown (the key shutdown_timeout, C(--shutdown-timeout) in the argv), or a stop kills the
-    requests it was letting finish; each instance gets the value for its unit."""
+    requests it was letting finish."""
     late = []
     for inst in out:
-        inst["timeout_stop_sec"] = stop_sec
         argv = inst.get("argv") or []
         if "--shutdown-timeout" in argv[:-1]:
             seconds = as_int(argv[argv.index("--shutdown-timeout") + 1])

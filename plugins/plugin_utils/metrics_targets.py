@@ -32,10 +32,11 @@ name), ``router_port``.
 """
 from __future__ import annotations
 
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import LOOPBACK as _LOOPBACK
+
 __all__ = ["file_sd_targets"]
 
 _WILDCARD = ("0.0.0.0", "::", "", "*")
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _hostport(address, port):

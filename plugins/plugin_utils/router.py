@@ -36,7 +36,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import con
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on, serves_api_on
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports, kept_slots
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import LOOPBACK as _LOOPBACK, as_int
 
 __all__ = ["plan_routers", "router_workers", "plan_endpoints", "inventory_endpoints", "fleet_endpoints",
            "fleet_routes", "routed_policies", "ROUTER_GROUP", "ROUTER_POLICIES", "router_unit", "frontdoor_name",
@@ -52,7 +52,6 @@ SCALE_OUT_FLAG = "--enable-scale-out"
 ROUTER_GROUP = "vllm_routers"
 #: vllm-router's policies (``--policy``) this collection offers.
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "consistent_hash", "random")
-_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _WILDCARD = ("0.0.0.0", "", "*", "::")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import LOOPBACK, as_bool, as_int
 
 __all__ = ["INSTALL_INPUTS", "SERVICE_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS",
            "install_input_problems", "service_input_problems", "weights_input_problems"]
@@ -33,25 +33,25 @@ WEIGHTS_BOUNDS = {
     "vllm_weights_fanout_max_rate_mib": (0, None, "MiB/s per copy, 0 for no limit"),
 }
 WEIGHTS_INPUTS = tuple(WEIGHTS_BOUNDS) + ("vllm_weights_source_dir_on", "vllm_weights_source_dir", "vllm_weights_owner")
-#: The service role's settings that a unit, its gate or the watchdog reads as whole numbers, with their least value.
+#: The service role's settings that a unit, its gate or the watchdog reads as whole numbers, with their least value
+#: (no most: the same form as WEIGHTS_BOUNDS, checked by the same loop).
 SERVICE_BOUNDS = {
-    "vllm_service_timeout_start_sec": (1, "seconds systemd lets an instance start (TimeoutStartSec=)"),
-    "vllm_service_restart_sec": (0, "seconds before systemd restarts a failed instance (RestartSec=)"),
-    "vllm_service_start_limit_burst": (1, "starts allowed in the interval (StartLimitBurst=)"),
-    "vllm_service_start_limit_interval_sec": (0, "seconds of StartLimitIntervalSec="),
-    "vllm_service_limit_nofile": (1024, "open files of an instance (LimitNOFILE=)"),
-    "vllm_service_health_timeout": (1, "seconds the health gate waits"),
-    "vllm_service_health_delay": (1, "seconds between the gate's polls"),
-    "vllm_service_watchdog_interval": (5, "seconds between two watchdog passes"),
-    "vllm_service_watchdog_fail_after": (1, "failed passes before the watchdog heals"),
-    "vllm_service_watchdog_probe_timeout": (1, "seconds a watchdog probe waits"),
-    "vllm_service_watchdog_max_heals": (0, "heals per window"),
-    "vllm_service_watchdog_heal_window": (60, "seconds of the heal window"),
+    "vllm_service_timeout_start_sec": (1, None, "seconds systemd lets an instance start (TimeoutStartSec=)"),
+    "vllm_service_restart_sec": (0, None, "seconds before systemd restarts a failed instance (RestartSec=)"),
+    "vllm_service_start_limit_burst": (1, None, "starts allowed in the interval (StartLimitBurst=)"),
+    "vllm_service_start_limit_interval_sec": (0, None, "seconds of StartLimitIntervalSec="),
+    "vllm_service_limit_nofile": (1024, None, "open files of an instance (LimitNOFILE=)"),
+    "vllm_service_health_timeout": (1, None, "seconds the health gate waits"),
+    "vllm_service_health_delay": (1, None, "seconds between the gate's polls"),
+    "vllm_service_watchdog_interval": (5, None, "seconds between two watchdog passes"),
+    "vllm_service_watchdog_fail_after": (1, None, "failed passes before the watchdog heals"),
+    "vllm_service_watchdog_probe_timeout": (1, None, "seconds a watchdog probe waits"),
+    "vllm_service_watchdog_max_heals": (0, None, "heals per window"),
+    "vllm_service_watchdog_heal_window": (60, None, "seconds of the heal window"),
 }
 #: The secrets (their values are never shown), and what says an API without a key may serve beyond loopback.
 SERVICE_SECRETS = ("vllm_service_api_key", "vllm_service_hf_token")
 SERVICE_INPUTS = tuple(SERVICE_BOUNDS) + SERVICE_SECRETS + ("vllm_service_allow_unauthenticated",)
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _json(value) -> str:
@@ -71,6 +71,20 @@ def _int(value):
             return int(float(value))
         except (TypeError, ValueError, OverflowError):
             return 0
+
+
+def _bound_problems(values, host, bounds) -> list:
+    """The whole numbers of ``values`` outside their ``bounds`` (variable -> (least, most or None, what)), one sentence
+    each; a variable left out is not checked."""
+    problems = []
+    for name, (low, high, what) in bounds.items():
+        if name not in values:
+            continue
+        num = as_int(values[name])  # a whole number written as such: 1.5 or "x" is refused, not truncated
+        if num is None or num < low or (high is not None and num > high):
+            limit = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number {limit} ({what}).")
+    return problems
 
 
 def install_input_problems(values, host) -> list:
@@ -100,14 +114,7 @@ def weights_input_problems(values, host) -> list:
     """One sentence per problem (the host, the variable, the fix) of the weights role's settings in ``values``
     (variable -> value; those left out are not checked); never raises."""
     values = values if isinstance(values, dict) else {}
-    problems = []
-    for name, (low, high, what) in WEIGHTS_BOUNDS.items():
-        if name not in values:
-            continue
-        num = as_int(values[name])  # a whole number written as such: 1.5 or "x" is refused, not truncated
-        if num is None or num < low or (high is not None and num > high):
-            limit = f"from {low} to {high}" if high is not None else f"of at least {low}"
-            problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number {limit} ({what}).")
+    problems = _bound_problems(values, host, WEIGHTS_BOUNDS)
     if "vllm_weights_source_dir_on" in values and values["vllm_weights_source_dir_on"] not in ("host", "controller"):
         problems.append(f"host {host}: vllm_weights_source_dir_on is {_json(values['vllm_weights_source_dir_on'])}; "
                         "use host (the staged directory is on each host) or controller (it is pushed from the "
@@ -133,14 +140,7 @@ def service_input_problems(values, host, binds=None) -> list:
     ``vllm_service_host`` before there is a plan): with no API key, an address other than loopback is refused unless
     ``vllm_service_allow_unauthenticated`` is true."""
     values = values if isinstance(values, dict) else {}
-    problems = []
-    for name, (low, what) in SERVICE_BOUNDS.items():
-        if name not in values:
-            continue
-        num = as_int(values[name])
-        if num is None or num < low:
-            problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number of at least {low} "
-                            f"({what}).")
+    problems = _bound_problems(values, host, SERVICE_BOUNDS)
     for name in SERVICE_SECRETS:
         if name not in values:
             continue
@@ -149,10 +149,11 @@ def service_input_problems(values, host, binds=None) -> list:
             problems.append(f"host {host}: {name} must be a string without single quotes or line breaks (it is "
                             "written literally into a root-only environment file); set it again (its value is not "
                             "shown).")
-    allow = values.get("vllm_service_allow_unauthenticated", False)
-    if not isinstance(allow, bool) and str(allow).lower() not in ("true", "false", "yes", "no", "1", "0", "on", "off"):
-        problems.append(f"host {host}: vllm_service_allow_unauthenticated is {_json(allow)}; use true or false.")
-    elif str(allow).lower() not in ("true", "yes", "1", "on"):
+    allow = as_bool(values.get("vllm_service_allow_unauthenticated", False))
+    if allow is None:
+        problems.append(f"host {host}: vllm_service_allow_unauthenticated is "
+                        f"{_json(values['vllm_service_allow_unauthenticated'])}; use true or false.")
+    elif not allow:
         key = values.get("vllm_service_api_key", "")
         open_to = sorted({str(b) for b in (binds or []) if str(b) not in LOOPBACK})
         if isinstance(key, str) and not key and open_to:

@@ -7,7 +7,10 @@ import re
 from collections.abc import Mapping
 
 __all__ = ["compress_ints", "is_int", "as_int", "as_float", "as_bool", "edit_distance", "suggest", "plain", "kind",
-           "shown", "scrub"]
+           "shown", "scrub", "LOOPBACK"]
+
+#: The addresses that only the host itself reaches (a bind address, a worker address).
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def compress_ints(values) -> str:

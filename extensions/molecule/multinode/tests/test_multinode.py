@@ -603,7 +603,7 @@ def test_a_router_sigkilled_under_clients_loses_no_request(hosts, plans, router)
           f"{to_backup} went to mn-1's router; mn-0's router UP again after "
           + (f"{back - t0:.1f} s" if back else "more than 90 s") + f"; slowest {max(r['seconds'] for r in around)} s")
     if failed:  # what the front door saw around the kill (server state changes; the requests at log level info)
-        journal = hosts[RANK0].run(f"journalctl -u inferops-vllm-frontdoor.service --since @{int(t0) - 2} "
+        journal = hosts[RANK0].run(f"journalctl -u {plans[RANK0]['frontdoor_runtime']['unit']} --since @{int(t0) - 2} "
                                    "--no-pager -o short-unix | tail -n 40").stdout
         assert not failed, (f"kill at {t0:.3f}", failed[:3], journal)
     assert to_backup > 0, "the backup served while mn-0's router was down"
