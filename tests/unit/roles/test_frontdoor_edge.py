@@ -312,16 +312,17 @@ class _DiesMidRequest(_Anything):
     """A router that is SIGKILLed while it runs a request: at request ``die_at`` it resets that connection without a
     byte of answer and stops listening (later connections are refused)."""
 
-    def __init__(self, die_at):
+    def __init__(self, die_at, die_after=0.0):
         super().__init__()
-        owner, self.die_at, self.count = self, die_at, 0
+        owner, self.die_at, self.count, self.die_after = self, die_at, 0, die_after
         handler = self.server.RequestHandlerClass
         inner = handler._any  # pylint: disable=protected-access
 
         def _maybe_die(req):
-            if req.path == "/v1/completions":
-                owner.count += 1
-                if owner.count == owner.die_at:
+            if req.path == "/v1/completions" or owner.count >= owner.die_at:
+                owner.count += 1 if owner.count < owner.die_at else 0
+                if owner.count >= owner.die_at:  # and any request on a connection still open to it after that
+                    time.sleep(owner.die_after)
                     import socket  # pylint: disable=import-outside-toplevel
                     import struct  # pylint: disable=import-outside-toplevel
                     owner.server.socket.close()
@@ -359,6 +360,71 @@ def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
         assert statuses == [200] * 12, statuses
         assert router_a.count == 6, "the request it died on was its sixth"
         assert router_b.completions() == 7, "the backup took the rest, and that one"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        router_b.close()
+
+
+def _keepalive_completions(port, count, key):
+    """``count`` completions on ONE kept-alive client connection, each sent as the OpenAI client (httpx) sends it: the
+    headers in one write, the body in the next. Their statuses, or the error that ended the connection."""
+    import http.client  # pylint: disable=import-outside-toplevel
+    conn, statuses = http.client.HTTPConnection("127.0.0.1", port, timeout=10), []
+    try:
+        for _n in range(count):
+            body = b'{"model": "tiny-llama", "prompt": "Hello", "max_tokens": 8}'
+            conn.putrequest("POST", "/v1/completions")
+            for name, value in (("Authorization", f"Bearer {key}"), ("Content-Type", "application/json"),
+                                ("Content-Length", str(len(body)))):
+                conn.putheader(name, value)
+            conn.endheaders()
+            time.sleep(0.02)
+            conn.send(body)
+            answer = conn.getresponse()
+            answer.read()
+            statuses.append(answer.status)
+    except (OSError, http.client.HTTPException) as exc:
+        statuses.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+    return statuses
+
+
+def test_a_router_killed_under_a_kept_alive_client_loses_no_request(tmp_path):
+    """Issue 38, the multinode flake of stops 50-51 (APIConnectionError under a router SIGKILL): the router dies in the
+    middle of a request that came on a kept-alive client connection, its headers and body in two writes (httpx). Unless
+    the front door read the whole request before choosing a server (option http-buffer-request), the request had left
+    its buffer and could not be retried, and HAProxy closed the client connection without an answer (what it does for
+    a failed non-first request, so that the client may retry). And unless each request gets its own connection to the
+    router (option http-server-close), a request that failed on a kept-alive router connection stayed on that router
+    for every retry, never redispatched to the backup (the same silent close). With both: every request 200.
+    Without either, this test fails (checked: die_after 0.01 to 0.3 s)."""
+    router_a, router_b = _DiesMidRequest(die_at=4, die_after=0.1), _Anything()
+    door_a, door_b = _free_port(), _free_port()
+    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+    procs = []
+    try:
+        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
+            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
+            cfg = tmp_path / f"{name}.cfg"
+            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
+                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
+                                  vllm_frontdoor_check_interval="1s", vllm_frontdoor_log_level="info"))
+            procs.append(_start(cfg))
+        door_a_cfg = (tmp_path / "a.cfg").read_text()
+        assert "option http-buffer-request" in door_a_cfg and "option http-server-close" in door_a_cfg
+        _wait_up(door_b, INSTANCE_KEY)
+        _wait_up(door_a, INSTANCE_KEY)
+        _backup_up(str(tmp_path / "a.sock"))
+        statuses = _keepalive_completions(door_a, 8, ALICE)
+        if statuses != [200] * 8:  # with door A's log (level info: every request, its retries and termination state)
+            procs[0].terminate()
+            raise AssertionError((statuses, procs[0].communicate(timeout=10)[0].decode()[-3000:]))
+        assert router_a.count == 4, "the request it died on was its fourth"
+        assert router_b.completions() == 5, "the backup took that one and the rest"
     finally:
         for proc in procs:
             proc.terminate()
