@@ -840,7 +840,9 @@ def test_a_driver_upgrade_breaks_nvml_until_the_modules_are_reloaded(sim, procs,
     assert version(proc=str(tmp_path)) == (0, b"580.200.01\n")
     assert json.loads(host("driver", "status")[1])["modules"] == ["nvidia", "nvidia_uvm"]
     assert host("driver", "install", "580.210.02")[0] == 0 and version()[0] == 18
+    boot_id = host("boot-id")[1]
     assert host("boot")[0] == 0 and version() == (0, b"580.210.02\n")
+    assert host("boot-id")[1] != boot_id and host("boot-id")[1].startswith("gpusim-boot-"), "a boot changes the boot id"
     # a module brings what it needs, and what that needs: nvidia_drm alone loads nvidia_modeset and nvidia
     assert host("modprobe", "-r", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia", proc=str(tmp_path))[0] == 0
     assert host("modprobe", "nvidia_drm")[0] == 0

@@ -707,3 +707,101 @@ def test_a_worker_killed_under_a_client_costs_at_most_one_request(hosts, plans, 
     finally:
         records = stop_clients(hosts)
     assert records and all(r["ok"] for r in records), [r for r in records if not r["ok"]][:3]
+
+
+def busy_gpus(host, plan):
+    rows = host.check_output("nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits")
+    return sorted(int(i) for i, mib in (line.split(",") for line in rows.splitlines())
+                  if int(mib) > plan["footprint"]["idle_max_mib"])
+
+
+def driver_status(host):
+    return json.loads(host.check_output("gpusim-host driver status"))
+
+
+def test_zz_maintenance_upgrades_the_driver_host_by_host_behind_the_drain(hosts, plans, router):
+    """Issue 41 (last in this file: it takes duo out of the plan). playbooks/maintenance.yml upgrades the simulated
+    driver of both hosts, one at a time, while a client sends completions through mn-0's front door and router: each
+    host's solo is taken out of its front door and the router, drained and stopped, the modules unloaded (gpusim
+    refuses while a process holds a GPU), the driver installed (NVML's version mismatch until the modules are
+    reloaded), mn-0 rebooted (ansible.builtin.reboot with the simulator's boot), mn-1's modules reloaded, the GPU health
+    preflight run again, solo started behind the gate on the same GPUs and put back. First a driver too old for vLLM's
+    CUDA build is refused before any host is touched, and --check prints the batches and changes nothing."""
+    solo_unit = "vllm-solo.service"
+    # duo spans both hosts: with it they would be one batch (the rollout's unit rule) and the router would lose both
+    # workers at once. Without it each host is a batch of its own.
+    only_solo = {"vllm_instances": [i for i in VARS["vllm_instances"] if i["name"] == "solo"]}
+    rc, out, seconds = converge(**only_solo)
+    assert rc == 0, out[-3000:]
+    old = {n: driver_status(h) for n, h in hosts.items()}
+    assert all(s["installed"] == s["loaded"] and len(s["modules"]) == 4 for s in old.values()), old
+    new = "580.105.08"
+    maintenance = dict(only_solo, vllm_maintenance_driver_version=new,
+                       vllm_maintenance_driver_command=["gpusim-host", "driver", "install", new],
+                       vllm_maintenance_modprobe="gpusim-modprobe",
+                       vllm_maintenance_reboot="{{ inventory_hostname == 'inferops-mn-0' }}",
+                       vllm_maintenance_reboot_command="gpusim-host boot",
+                       vllm_maintenance_boot_time_command="gpusim-host boot-id",
+                       vllm_verify_report_dir=tempfile.mkdtemp(prefix="maintenance-report-"))
+    before_gpus = {n: busy_gpus(h, plans[n]) for n, h in hosts.items()}
+    started = {n: realtime(h, solo_unit, "ActiveEnterTimestamp") for n, h in hosts.items()}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(maintenance, fh)
+    try:
+        # refused: a driver older than what the (declared) CUDA 12.9 build of vLLM needs; nothing is touched
+        rc, out, refused_s = playbook("inferops.vllm.maintenance", "-e", "@" + fh.name,
+                                      "-e", "vllm_preflight_health_cuda_build=12.9",
+                                      "-e", "vllm_maintenance_driver_version=550.54.14")
+        assert rc != 0 and "driver 550.54.14 (vllm_maintenance_driver_version) is older than 575.51.03" in out, out[-3000:]
+        assert "No host was touched" in out and "Maintain this batch" not in out, out[-3000:]
+        rc, out, check_s = playbook("inferops.vllm.maintenance", "-e", "@" + fh.name, "--check")
+        assert rc == 0, out[-3000:]
+        assert f"batch: {RANK0}" in out and f"batch: {RANK1}" in out and "check mode: nothing is changed" in out, out
+        assert {n: driver_status(h) for n, h in hosts.items()} == old
+        assert {n: realtime(h, solo_unit, "ActiveEnterTimestamp") for n, h in hosts.items()} == started
+        start_clients(hosts, clients=1, pause=1.0)
+        try:
+            time.sleep(5)
+            start = time.time()
+            rc, out, seconds = playbook("inferops.vllm.maintenance", "-e", "@" + fh.name, timeout=1500)
+            end = time.time()
+            time.sleep(3)
+        finally:
+            records = stop_clients(hosts)
+    finally:
+        os.unlink(fh.name)
+    assert rc == 0, out[-5000:]
+    failed = [r for r in records if not r["ok"]]
+    during = [r for r in records if start <= r["t"] <= end]
+    now = {n: driver_status(h) for n, h in hosts.items()}
+    print(f"maintenance.yml, driver {old[RANK0]['installed']} -> {new} on 2 hosts one at a time, in {end - start:.0f} s "
+          f"(refused before any host in {refused_s:.0f} s, --check in {check_s:.0f} s): {len(during)} requests through "
+          f"the fleet endpoint during it, {len(failed)} failed {[r.get('error', r.get('status')) for r in failed][:3]}")
+    assert not failed and during, failed[:3]
+    assert all(s["installed"] == s["loaded"] == new and len(s["modules"]) == 4 for s in now.values()), now
+    assert now[RANK0].get("boots", 0) == old[RANK0].get("boots", 0) + 1, "mn-0 rebooted"
+    assert now[RANK1].get("boots", 0) == old[RANK1].get("boots", 0), "mn-1's modules were reloaded, no reboot"
+    # host by host: mn-1's solo stopped only after mn-0's was back (started behind the gate)
+    back0 = realtime(hosts[RANK0], solo_unit, "ActiveEnterTimestamp")
+    stopped1 = realtime(hosts[RANK1], solo_unit, "InactiveEnterTimestamp")
+    assert started[RANK0] < back0 < stopped1, (started, back0, stopped1)
+    assert {n: busy_gpus(h, plans[n]) for n, h in hosts.items()} == before_gpus, "back on the same GPUs"
+    # each host: the driver installed, then the GPU health preflight on it, then its instances started (uncordoned)
+    for name in hosts:
+        at = 0
+        for task, result in ((rf"Install driver {re.escape(new)} \(a command\)", "changed"),
+                             (r"Check GPU, driver and fabric health", "ok"),
+                             (r"Enter the state uncordoned", "ok")):
+            found = re.compile(task + r"\] \**\s*(?:\S+: \[[^\]]+\]\s*)*" + result + r": \[" + name).search(out, at)
+            assert found, (name, task, out[at:at + 3000])
+            at = found.end()
+    for name, host in hosts.items():
+        metric = host.file("/var/lib/prometheus/node-exporter/inferops_vllm_maintenance.prom").content_string
+        assert f'inferops_vllm_maintenance_state{{host="{name}",state="uncordoned"}} 1' in metric, metric
+    assert "cordoned at" in out and "uncordoned at" in out
+    with open(os.path.join(maintenance["vllm_verify_report_dir"], "fleet-report.md"), encoding="utf-8") as fh:
+        report = fh.read().split("## Maintenance", 1)[1]
+    for name in hosts:
+        (row,) = [line for line in report.splitlines() if line.startswith(f"| {name} |")]
+        assert "| uncordoned |" in row and "cordoned " in row and "validating " in row, row
+    assert "rebooting " in next(line for line in report.splitlines() if line.startswith(f"| {RANK0} |"))
