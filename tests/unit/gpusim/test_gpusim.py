@@ -833,7 +833,7 @@ def test_a_driver_upgrade_breaks_nvml_until_the_modules_are_reloaded(sim, procs,
     code, out = version(proc=str(tmp_path))
     assert code == 9 and out.startswith(b"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver")
     assert json.loads(host("driver", "status")[1]) == {"installed": "580.200.01", "loaded": "", "modules": [],
-                                                       "fabricmanager": "580.200.01"}
+                                                       "fabricmanager": "580.200.01", "boots": 0}
     environ = {k: v for k, v in os.environ.items() if not k.startswith("GPUSIM_")}
     environ.update(env)
     assert subprocess.run([MODPROBE, "nvidia_uvm"], env=environ, check=False, timeout=30).returncode == 0
