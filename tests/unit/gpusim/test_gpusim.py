@@ -402,6 +402,13 @@ if os.environ.get("FAKE_FORK") and os.fork() == 0:
 for rank in range(workers):
     child = subprocess.Popen(["VLLM::Worker_TP%d" % rank, "-c", "import time; time.sleep(120)"],
                              executable=os.environ["FAKE_PY"])
+    # Popen returns once exec began; the kernel sets the new argv a moment later (a loaded machine read the
+    # parent's "python3" here): wait until /proc shows it
+    for _ in range(500):
+        with open("/proc/%d/cmdline" % child.pid, "rb") as fh:
+            if fh.read().startswith(b"VLLM::Worker_TP"):
+                break
+        time.sleep(0.01)
     print(child.pid, flush=True)
 print("ready", flush=True)
 time.sleep(120)
