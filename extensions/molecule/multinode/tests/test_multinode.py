@@ -789,7 +789,7 @@ def test_zz_maintenance_upgrades_the_driver_host_by_host_behind_the_drain(hosts,
     # each host: the driver installed, then the GPU health preflight on it, then its instances started (uncordoned)
     for name in hosts:
         at = 0
-        for task, result in ((rf"Install driver {re.escape(new)} \(a command\)", "changed"),
+        for task, result in ((rf"Install the driver with a command, version {re.escape(new)}", "changed"),
                              (r"Check GPU, driver and fabric health", "ok"),
                              (r"Enter the state uncordoned", "ok")):
             found = re.compile(task + r"\] \**\s*(?:\S+: \[[^\]]+\]\s*)*" + result + r": \[" + name).search(out, at)
