@@ -71,16 +71,21 @@ def test_an_unknown_cuda_build_is_named_not_guessed():
     assert "11.0" in text and "not in the driver table" in text
 
 
+NAMES = sorted(GOOD) + [
+    "vllm_maintenance_reboot", "vllm_maintenance_modules", "vllm_maintenance_tasks_file", "vllm_maintenance_packages",
+    "vllm_maintenance_max_unavailable", "vllm_maintenance_gpu_services", "vllm_maintenance_driver_command"]
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+
+
+def _nested(inner):
+    return st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+
+
+VALUES = st.recursive(SCALARS, _nested, max_leaves=6)
+
+
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(GOOD) + ["vllm_maintenance_reboot", "vllm_maintenance_modules",
-                                                      "vllm_maintenance_tasks_file", "vllm_maintenance_packages",
-                                                      "vllm_maintenance_max_unavailable", "vllm_maintenance_gpu_services",
-                                                      "vllm_maintenance_driver_command"]),
-                       st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-                                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4),
-                                                                                                 inner, max_size=3),
-                                    max_leaves=6)),
-       st.sampled_from(["", "12.9", "13.0", "x", None]))
+@given(st.dictionaries(st.sampled_from(NAMES), VALUES), st.sampled_from(["", "12.9", "13.0", "x", None]))
 def test_any_input_gets_sentences_never_an_exception(values, cuda):
     out = vllm_maintenance_input_problems(values, "h", cuda)
     assert isinstance(out, list) and all(isinstance(p, str) and p.startswith("host h: ") for p in out)
