@@ -1,7 +1,7 @@
 """rollout.yml's batches: the real playbook over local hosts, only the ordering and batch tasks run.
 
 Every task that would touch a host is left out with ``--tags`` (the ordering, the grouping and the
-"This batch upgrades ..." line are tagged ``always``), so what the test sees is Ansible's own ``serial``
+"This batch upgrades ..." line are tagged ``always``) and the preflight of every host with ``--skip-tags``, so what the test sees is Ansible's own ``serial``
 batching of the order the collection computed.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def batches_of(tmp_path, hosts, canary, instances, batches):
     env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
     proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
                            inventory(tmp_path, hosts, canary, instances), os.path.join(ROOT, "playbooks", "rollout.yml"),
-                           "--tags", "inferops-none", "-e", json.dumps({"vllm_rollout_batches": batches})],
+                           "--tags", "inferops-none", "--skip-tags", "vllm_preflight", "-e", json.dumps({"vllm_rollout_batches": batches})],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [m.split(", ") for m in re.findall(r'"msg": "This batch upgrades ([^"]+)"', proc.stdout)]
