@@ -12,12 +12,11 @@
 """
 from __future__ import annotations
 
-import json
 import re
 
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import CUDA_MIN_DRIVER
 from ansible_collections.inferops.vllm.plugins.plugin_utils.transition import WAIT_STEP, _frontdoor_of, _routers_of
-from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_bool, as_int
+from ansible_collections.inferops.vllm.plugins.plugin_utils.values import as_bool, as_int, shown
 
 #: What a run can do to a host: a pinned driver (the distribution's or NVIDIA's packages, or a command), package
 #: upgrades (the kernel and the OS), or a task file of the user's own.
@@ -34,13 +33,6 @@ _DRIVER = re.compile(r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")
 _UNIT = re.compile(r"^[A-Za-z0-9@._:-]+$")
 
 
-def _json(value):
-    try:
-        return json.dumps(value, sort_keys=True, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
 def _version(text):
     return tuple(int(p) for p in text.split("."))
 
@@ -53,13 +45,13 @@ def input_problems(values, host, cuda_build=""):
     problems = []
     action = values.get("vllm_maintenance_action", "driver")
     if action not in ACTIONS:
-        problems.append(f"host {host}: vllm_maintenance_action is {_json(action)}; use one of {', '.join(ACTIONS)} "
+        problems.append(f"host {host}: vllm_maintenance_action is {shown(action)}; use one of {', '.join(ACTIONS)} "
                         "(driver: a pinned driver version; packages: upgrade the kernel and OS packages; tasks: your "
                         "own task file).")
     version = values.get("vllm_maintenance_driver_version", "")
     if action == "driver":
         if not isinstance(version, str) or not _DRIVER.match(version):
-            problems.append(f"host {host}: vllm_maintenance_driver_version is {_json(version)}; the driver action "
+            problems.append(f"host {host}: vllm_maintenance_driver_version is {shown(version)}; the driver action "
                             'needs the exact driver version to install, quoted, for example "575.57.08".')
         elif isinstance(cuda_build, str) and cuda_build:
             least = CUDA_MIN_DRIVER.get(cuda_build)
@@ -86,34 +78,34 @@ def input_problems(values, host, cuda_build=""):
     if action == "packages":
         packages = values.get("vllm_maintenance_packages", ["*"])
         if not _strings(packages) or not packages:
-            problems.append(f"host {host}: vllm_maintenance_packages is {_json(packages)}; list the packages to "
+            problems.append(f"host {host}: vllm_maintenance_packages is {shown(packages)}; list the packages to "
                             'upgrade, or ["*"] for every package (a dist-upgrade).')
     if action == "tasks":
         path = values.get("vllm_maintenance_tasks_file", "")
         if not isinstance(path, str) or not path.startswith("/"):
-            problems.append(f"host {host}: vllm_maintenance_tasks_file is {_json(path)}; the tasks action needs the "
+            problems.append(f"host {host}: vllm_maintenance_tasks_file is {shown(path)}; the tasks action needs the "
                             "absolute path of a task file on the controller (it runs on each host between the "
                             "drain and the health checks).")
     reboot = values.get("vllm_maintenance_reboot", "auto")
     if reboot != "auto" and as_bool(reboot) is None:
-        problems.append(f"host {host}: vllm_maintenance_reboot is {_json(reboot)}; use auto (reboot when "
+        problems.append(f"host {host}: vllm_maintenance_reboot is {shown(reboot)}; use auto (reboot when "
                         "/run/reboot-required says so), true or false.")
     modules = values.get("vllm_maintenance_modules", list(MODULES))
     if not _strings(modules) or any(m not in MODULES for m in modules):
-        problems.append(f"host {host}: vllm_maintenance_modules is {_json(modules)}; list NVIDIA modules among "
+        problems.append(f"host {host}: vllm_maintenance_modules is {shown(modules)}; list NVIDIA modules among "
                         f"{', '.join(MODULES)}, in that order (each needs the ones after it).")
     elif list(modules) != [m for m in MODULES if m in modules]:
-        problems.append(f"host {host}: vllm_maintenance_modules is {_json(modules)}; unload them in the order "
+        problems.append(f"host {host}: vllm_maintenance_modules is {shown(modules)}; unload them in the order "
                         f"{', '.join(m for m in MODULES if m in modules)} (each needs the ones after it).")
     units = values.get("vllm_maintenance_gpu_services", [])
     if not _strings(units) or any(not _UNIT.match(u) for u in units):
-        problems.append(f"host {host}: vllm_maintenance_gpu_services is {_json(units)}; list systemd unit names "
+        problems.append(f"host {host}: vllm_maintenance_gpu_services is {shown(units)}; list systemd unit names "
                         "(the services that hold the GPUs and are stopped before the modules are unloaded).")
     for name, low in (("vllm_maintenance_reboot_timeout", 60), ("vllm_maintenance_max_unavailable", 1)):
         if name in values:
             num = as_int(values[name])
             if num is None or num < low:
-                problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number of at least {low}.")
+                problems.append(f"host {host}: {name} is {shown(values[name])}; use a whole number of at least {low}.")
     return problems
 
 

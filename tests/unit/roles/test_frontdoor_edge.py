@@ -7,6 +7,7 @@ The same probe runs in Molecule (multinode) against the real HAProxy, vllm-route
 """
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -35,6 +36,7 @@ class _Anything:
     def __init__(self, port=0):
         owner = self
         self.seen = []
+        self._closed = False
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -67,6 +69,9 @@ class _Anything:
         return len([s for s in self.seen if s[1] == "/v1/completions"])
 
     def close(self):
+        if self._closed:
+            return
+        self._closed = True
         self.server.shutdown()
         self.server.server_close()
 
@@ -201,12 +206,12 @@ def _backup_up(sock, server="router_other", backend="_router_tiny"):
     raise AssertionError(server_states(runtime_command(sock, "show stat")))
 
 
-def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without_a_failed_request(tmp_path):
-    """Issue 38: two router hosts, each front door with its own router first and the other host's front door as a
-    backup. The router behind door A dies under a client sending a completion every 50 ms through A: its first
-    refused connection marks it DOWN (observe layer4) and the request is redispatched to the backup, door B, which
-    checks the key (the instances' key A sends) and hands it to router B. No request fails; B's router saw them."""
-    router_a, router_b = _Anything(), _Anything()
+@contextlib.contextmanager
+def _router_pair(tmp_path, router_a, router_b, **settings):
+    """Two router hosts' front doors on this machine, as the plan makes them: door A before router A, with door B as
+    its backup, and door B before router B (no backup). Yields (door_a, door_b, procs) once both doors answer and B
+    is UP in A's checks; stops both HAProxy processes and the stand-in routers afterwards. ``settings``: more role
+    variables for the template (the check interval, the log level)."""
     door_a, door_b = _free_port(), _free_port()
     base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
                 {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
@@ -216,16 +221,32 @@ def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without
             p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
             cfg = tmp_path / f"{name}.cfg"
             cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
-                                  vllm_frontdoor_api_keys=KEYS,
-                                  vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
-                                  vllm_frontdoor_check_interval="200ms"))
+                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
+                                  **settings))
             procs.append(_start(cfg))
         _wait_up(door_b, INSTANCE_KEY)
         _wait_up(door_a, INSTANCE_KEY)
+        _backup_up(str(tmp_path / "a.sock"))
+        yield door_a, door_b, procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=10)
+        router_a.close()
+        router_b.close()
+
+
+def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without_a_failed_request(tmp_path):
+    """Issue 38: two router hosts, each front door with its own router first and the other host's front door as a
+    backup. The router behind door A dies under a client sending a completion every 50 ms through A: its first
+    refused connection marks it DOWN (observe layer4) and the request is redispatched to the backup, door B, which
+    checks the key (the instances' key A sends) and hands it to router B. No request fails; B's router saw them."""
+    router_a, router_b = _Anything(), _Anything()
+    with _router_pair(tmp_path, router_a, router_b, vllm_frontdoor_check_interval="200ms") as (door_a, door_b, _procs):
         # B's /liveness answers A's checks without a key; anything else there still needs one
         assert edge_probe.send("127.0.0.1", door_b, "GET", b"/liveness", "HTTP/1.1", [], None, 5)[0] == 200
         assert edge_probe.send("127.0.0.1", door_b, "GET", b"/readiness", "HTTP/1.1", [], None, 5)[0] == 401
-        _backup_up(str(tmp_path / "a.sock"))
         statuses, seen_b = [], len(router_b.seen)
         for n in range(60):
             if n == 20:
@@ -236,11 +257,6 @@ def test_a_killed_router_fails_over_to_the_other_router_hosts_front_door_without
         assert statuses == [200] * 60, statuses
         to_b = [s for s in router_b.seen[seen_b:] if s[1] == "/v1/completions"]
         assert len(to_b) >= 40 and {a for _m, _p, a in to_b} == {f"Bearer {INSTANCE_KEY}"}
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
-        router_b.close()
 
 
 def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(tmp_path):
@@ -250,21 +266,8 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
     from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import (  # pylint: disable=import-outside-toplevel
         runtime_command, server_states)
     router_a, router_b = _Anything(), _Anything()
-    door_a, door_b = _free_port(), _free_port()
-    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
-                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
-    procs, sock = [], str(tmp_path / "a.sock")
-    try:
-        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
-            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
-            cfg = tmp_path / f"{name}.cfg"
-            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
-                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
-                                  vllm_frontdoor_check_interval="200ms"))
-            procs.append(_start(cfg))
-        _wait_up(door_b, INSTANCE_KEY)
-        _wait_up(door_a, INSTANCE_KEY)
-
+    sock = str(tmp_path / "a.sock")
+    with _router_pair(tmp_path, router_a, router_b, vllm_frontdoor_check_interval="200ms") as (door_a, _door_b, _procs):
         def completions(n):
             # not every request: the stand-in routers also see the front doors' health checks, and under load one
             # lands between two completions (make test)
@@ -274,10 +277,6 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
             return statuses, router_a.completions() - seen_a, router_b.completions() - seen_b
 
         assert completions(5) == ([200] * 5, 5, 0)
-        for _attempt in range(100):  # the backup (door B) rises in A's checks (slower on a loaded machine)
-            if server_states(runtime_command(sock, "show stat"))["_router_tiny/router_other"]["status"] == "UP":
-                break
-            time.sleep(0.1)
         assert runtime_command(sock, "set server _router_tiny/router state drain").strip() == ""
         assert server_states(runtime_command(sock, "show stat"))["_router_tiny/router"]["status"] == "DRAIN"
         assert completions(5) == ([200] * 5, 0, 5), "a drained router gets nothing, the backup takes it all"
@@ -300,12 +299,6 @@ def test_a_drained_router_sends_the_requests_to_the_backup_until_it_is_put_back(
         assert res.get("failed") and "not draining _router_tiny/router" in res["msg"], res
         assert "router_other is DOWN" in res["msg"], res["msg"]
         assert server_states(runtime_command(sock, "show stat"))["_router_tiny/router"]["status"] == "UP"
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
-        router_a.close()
-        router_b.close()
 
 
 class _DiesMidRequest(_Anything):
@@ -340,31 +333,12 @@ def test_a_router_killed_while_it_runs_a_request_loses_no_request(tmp_path):
     the front door retries that request (retry-on empty-response, router doors with backups only) and, the router's
     port now refusing, marks it down and hands the request to the backup. Every request answers 200."""
     router_a, router_b = _DiesMidRequest(die_at=6), _Anything()
-    door_a, door_b = _free_port(), _free_port()
-    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
-                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
-    procs = []
-    try:
-        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
-            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
-            cfg = tmp_path / f"{name}.cfg"
-            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
-                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
-                                  vllm_frontdoor_check_interval="1s"))
-            procs.append(_start(cfg))
-        _wait_up(door_b, INSTANCE_KEY)
-        _wait_up(door_a, INSTANCE_KEY)
-        _backup_up(str(tmp_path / "a.sock"))
+    with _router_pair(tmp_path, router_a, router_b, vllm_frontdoor_check_interval="1s") as (door_a, _door_b, _procs):
         statuses = [edge_probe.send("127.0.0.1", door_a, "POST", b"/v1/completions", "HTTP/1.1",
                                     [("Authorization", f"Bearer {ALICE}")], b"{}", 10)[0] for _n in range(12)]
         assert statuses == [200] * 12, statuses
         assert router_a.count == 6, "the request it died on was its sixth"
         assert router_b.completions() == 7, "the backup took the rest, and that one"
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
-        router_b.close()
 
 
 def _keepalive_completions(port, count, key):
@@ -402,34 +376,16 @@ def test_a_router_killed_under_a_kept_alive_client_loses_no_request(tmp_path):
     for every retry, never redispatched to the backup (the same silent close). With both: every request 200.
     Without either, this test fails (checked: die_after 0.01 to 0.3 s)."""
     router_a, router_b = _DiesMidRequest(die_at=4, die_after=0.1), _Anything()
-    door_a, door_b = _free_port(), _free_port()
-    base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
-                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
-    procs = []
-    try:
-        for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
-            p = dict(base, frontdoors=[_router_door(name, door, router.port, backup)])
-            cfg = tmp_path / f"{name}.cfg"
-            cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
-                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
-                                  vllm_frontdoor_check_interval="1s", vllm_frontdoor_log_level="info"))
-            procs.append(_start(cfg))
+    with _router_pair(tmp_path, router_a, router_b, vllm_frontdoor_check_interval="1s",
+                      vllm_frontdoor_log_level="info") as (door_a, _door_b, procs):
         door_a_cfg = (tmp_path / "a.cfg").read_text()
         assert "option http-buffer-request" in door_a_cfg and "option http-server-close" in door_a_cfg
-        _wait_up(door_b, INSTANCE_KEY)
-        _wait_up(door_a, INSTANCE_KEY)
-        _backup_up(str(tmp_path / "a.sock"))
         statuses = _keepalive_completions(door_a, 8, ALICE)
         if statuses != [200] * 8:  # with door A's log (level info: every request, its retries and termination state)
             procs[0].terminate()
             raise AssertionError((statuses, procs[0].communicate(timeout=10)[0].decode()[-3000:]))
         assert router_a.count == 4, "the request it died on was its fourth"
         assert router_b.completions() == 5, "the backup took that one and the rest"
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
-        router_b.close()
 
 
 def _run_module(module, args):
