@@ -84,3 +84,46 @@ def test_group_and_count_nodes_and_overlapping_instances_make_one_unit():
     assert plan["units"] == [["b", "c", "e"]]
     assert plan["batches"] == [["a"], ["b", "c", "e"], ["d"]] and plan["serial"] == [1, 3, 1]
     assert plan["order"] == list("abced")
+
+
+def test_every_host_is_planned_before_the_first_batch(tmp_path):
+    """Stop 53: a router of model m on r1 and r2 over every host's instance, r1 the canary and alone in the first batch.
+    rollout.yml reads every host's GPUs and network and makes every plan before the first batch (a play of its own,
+    as site.yml does), so r1's router lists r2's and r3's workers at their ports, and the batches stay one host each.
+    Before, the preflight ran inside each batch: r1's plan saw only r1, and refused ("set vllm_router_worker_address
+    (or vllm_service_network_interface) on r2", with the interface set), and the canary was rolled back. The
+    stand-in hosts are local (simulated GPUs, the loopback interface: every host has its address, so the ports tell
+    the workers apart); the run stops after the plans (``--tags vllm_preflight``)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nGPUSIM_PROC={empty} GPUSIM_STRAY_DIR={empty} GPUSIM_PROFILE=demo-2numa "
+                   f"exec {sys.executable} {os.path.join(ROOT, 'tests', 'gpusim', 'nvidia-smi')} \"$@\"\n")
+    smi.chmod(0o755)
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+              "vllm_preflight_nvidia_smi": str(smi), "vllm_preflight_min_free_gib": 0,
+              "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA, "router_port": 8300}},
+              "vllm_service_api_key": "sk-rollout-plans-0123456789abcdef",
+              "vllm_service_network_interface": "lo", "vllm_frontdoor_bind_address": "0.0.0.0"}
+    hosts = {h: dict(common, vllm_instances=[{"name": "chat", "model": "m", "port": 8001 + i}])
+             for i, h in enumerate(["r1", "r2", "r3"])}
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": {
+        "vllm_nodes": {"hosts": hosts}, "canary": {"hosts": {"r1": {}}},
+        "vllm_routers": {"hosts": {"r1": {}, "r2": {}}}}}}))
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCALHOST_WARNING="false")
+    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(path),
+                           os.path.join(ROOT, "playbooks", "rollout.yml"), "--tags", "vllm_preflight",
+                           "--skip-tags", "vllm_preflight_health", "-e", "vllm_preflight_show_plan=true",
+                           "-e", json.dumps({"vllm_rollout_batches": [1, 1, 1]})],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert [m.split(", ") for m in re.findall(r'"msg": "This batch upgrades ([^"]+)"', proc.stdout)] == [
+        ["r1"], ["r2"], ["r3"]], out[-4000:]
+    workers = ("workers: r1 chat http://127.0.0.1:8001, r2 chat http://127.0.0.1:8002, "
+               "r3 chat http://127.0.0.1:8003")
+    # the router's line in the plans of both router hosts, made before r1's batch
+    assert proc.stdout.count(workers) == 2, out[-4000:]
+    assert proc.stdout.index(workers) < proc.stdout.index("This batch upgrades r1")
