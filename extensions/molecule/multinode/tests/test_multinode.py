@@ -803,3 +803,33 @@ def test_zz_maintenance_upgrades_the_driver_host_by_host_behind_the_drain(hosts,
         (row,) = [line for line in report.splitlines() if line.startswith(f"| {name} |")]
         assert "| uncordoned |" in row and "cordoned " in row and "validating " in row, row
     assert "rebooting " in next(line for line in report.splitlines() if line.startswith(f"| {RANK0} |"))
+
+    # On failure: a task file of the operator's own that fails (the tasks action) on mn-0, the first batch. mn-0 stays
+    # out of its front door and the router, its instance stopped and its watchdog paused, in the state failed; the run
+    # names the host and why and stops there (mn-1 is never touched); the fleet endpoint answers from mn-1's worker.
+    pid1 = pid_of(hosts[RANK1], solo_unit)
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as fh:
+        yaml.safe_dump([{"name": "Flash the firmware with the vendor tool",
+                         "ansible.builtin.fail": {"msg": "the firmware tool exited 3"}}], fh)
+    failing = dict(only_solo, vllm_maintenance_action="tasks", vllm_maintenance_tasks_file=fh.name)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as vf:
+        json.dump(failing, vf)
+    try:
+        rc, out, failed_s = playbook("inferops.vllm.maintenance", "-e", "@" + vf.name)
+    finally:
+        os.unlink(vf.name)
+        os.unlink(fh.name)
+    assert rc != 0, out[-3000:]
+    assert (f"host {RANK0}: maintenance failed at 'Flash the firmware with the vendor tool': the firmware tool "
+            "exited 3" in out), out[-3000:]
+    assert "The host stays out of its front door and routers (state failed)" in out, out[-3000:]
+    assert f"This batch maintains {RANK1}" not in out, "the run stopped after mn-0's batch"
+    metric = hosts[RANK0].file("/var/lib/prometheus/node-exporter/inferops_vllm_maintenance.prom").content_string
+    assert f'inferops_vllm_maintenance_state{{host="{RANK0}",state="failed"}} 1' in metric, metric
+    assert hosts[RANK0].run(f"systemctl is-active {solo_unit}").stdout.strip() != "active"
+    assert hosts[RANK0].run("systemctl is-active inferops-vllm-watchdog.timer").stdout.strip() != "active"
+    assert pid_of(hosts[RANK1], solo_unit) == pid1, "mn-1 untouched"
+    body = {"model": VARS["vllm_models"]["tiny"]["served_model_name"], "prompt": "Hello", "max_tokens": 4}
+    assert request_from_mn1(hosts, "POST", "/v1/completions", body=body) == "200"
+    print(f"maintenance.yml failing on mn-0 (a task file): stopped in {failed_s:.0f} s naming the host and the task, "
+          "mn-0 drained in the state failed, mn-1 untouched, the fleet endpoint serving from mn-1")
