@@ -97,6 +97,21 @@ def _listener_address(entry):
     return None
 
 
+def _no_address_fix(name, entry):
+    """What to do when ``_listener_address`` knows no address for fleet host ``name``: the fix the case needs (a
+    phrase that ends a refusal)."""
+    iface = entry.get("interface") or ""
+    if entry.get("router_address") or not iface:
+        return f"set vllm_router_worker_address (or vllm_service_network_interface) on {name}"
+    if not entry.get("in_play", True):
+        # its network facts are read only when it is in the play: a --limit, or another batch of serial
+        return (f"{name} is not in this run (a --limit, or a batch of its own), so the address of its {iface} "
+                f"(vllm_service_network_interface) is not known here: run over every host of the fleet, or set "
+                f"vllm_router_worker_address on {name}")
+    return (f"{name}'s {iface} (vllm_service_network_interface) has no IPv4 address: set vllm_router_worker_address "
+            f"on {name}, or name an interface that has one")
+
+
 def _worker_address(name, entry, router_host):
     """(address, problem, listener) where ``router_host`` reaches the instances of fleet host ``name``; ``listener``:
     the instances listen on loopback, and the host's front door listens for the router on ``address`` (a worker
@@ -109,7 +124,7 @@ def _worker_address(name, entry, router_host):
         if address is None:
             return None, (f"host {name}: its instances listen on {bind} (vllm_service_host), so the router on "
                           f"{router_host} reaches them through {name}'s front door, which needs the address to listen "
-                          f"on: set vllm_router_worker_address (or vllm_service_network_interface) on {name}"), False
+                          f"on: {_no_address_fix(name, entry)}"), False
         return address, None, True
     if entry.get("router_address"):
         return str(entry["router_address"]), None, False
@@ -118,9 +133,11 @@ def _worker_address(name, entry, router_host):
     address = _listener_address(entry)
     if address is not None:
         return address, None, False
+    fix = (f"set vllm_router_worker_address on {name} to the address the router host reaches it at (or "
+           "vllm_service_network_interface, whose address is then used)") if not entry.get("interface") else \
+        _no_address_fix(name, entry)
     return None, (f"host {name}: the router on {router_host} cannot tell where to reach its instances (they listen "
-                  f"on {bind or 'every address'}); set vllm_router_worker_address on {name} to the address the "
-                  "router host reaches it at (or vllm_service_network_interface, whose address is then used)"), False
+                  f"on {bind or 'every address'}); {fix}"), False
 
 
 def plan_endpoints(instances):
@@ -202,8 +219,8 @@ def _backups(fleet, model, router_host):
         address = bind if bind not in _WILDCARD else _listener_address(entry)
         if address is None or port is None:
             problems.append(f"host {name}: it runs a router of '{model}' too, but {router_host} cannot tell where to "
-                            f"reach its front door; set vllm_router_worker_address on {name} (or "
-                            "vllm_service_network_interface)")
+                            f"reach its front door; " + (_no_address_fix(name, entry) if address is None else
+                                                         f"set router_port of '{model}' on {name}"))
             continue
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         backups.append({"host": name, "name": f"router_{safe}", "address": address, "port": port,

@@ -84,6 +84,23 @@ def test_worker_ports_follow_the_hosts_own_port_rule_and_address_overrides():
         i["url"].replace("127.0.0.1", "gpu-b.example") for i in plan("mn-1", hv)["instances"]]
 
 
+def test_an_address_unknown_because_the_host_is_not_in_the_run_says_so():
+    """A host outside the play (a --limit, or another batch of serial) has no network facts: the refusal says that, not
+    to set an interface that is set (stop 53; rollout.yml now plans every host before its batches)."""
+    hv = hostvars(**{"mn-1": {"vllm_service_host": "127.0.0.1", "ansible_facts": {}}})
+    groups = {"all": list(hv), "vllm_routers": ["mn-0"]}
+    inputs = {k: v for k, v in hv["mn-0"].items() if k.startswith("vllm_service_") or k.startswith("vllm_router_")}
+    with pytest.raises(PlanContractError) as err:
+        build_plan(hv["mn-0"]["vllm_models"], hv["mn-0"]["vllm_instances"], host_facts(SHAPE), inputs, host="mn-0",
+                   fleet=vllm_fleet_view(hv, list(hv), ["mn-0"], groups=groups))
+    assert ("mn-1 is not in this run (a --limit, or a batch of its own), so the address of its eth0 "
+            "(vllm_service_network_interface) is not known here") in str(err.value)
+    # in the run, with the interface set but no IPv4 address on it: that is what it says
+    with pytest.raises(PlanContractError) as err:
+        plan("mn-0", hv)
+    assert "mn-1's eth0 (vllm_service_network_interface) has no IPv4 address" in str(err.value)
+
+
 @pytest.mark.parametrize("over, expect", [
     ({"mn-1": {"vllm_service_host": "127.0.0.1", "vllm_service_network_interface": "", "ansible_facts": {}}},
      "host mn-1: its instances listen on 127.0.0.1 (vllm_service_host), so the router on mn-0 reaches them through "
