@@ -97,12 +97,12 @@ def _listener_address(entry):
     return None
 
 
-def _no_address_fix(name, entry):
+def _no_address_fix(name, entry, unset=None):
     """What to do when ``_listener_address`` knows no address for fleet host ``name``: the fix the case needs (a
-    phrase that ends a refusal)."""
+    phrase that ends a refusal). ``unset``: the phrase when no interface is set either (the caller's wording)."""
     iface = entry.get("interface") or ""
-    if entry.get("router_address") or not iface:
-        return f"set vllm_router_worker_address (or vllm_service_network_interface) on {name}"
+    if not iface:
+        return unset or f"set vllm_router_worker_address (or vllm_service_network_interface) on {name}"
     if not entry.get("in_play", True):
         # its network facts are read only when it is in the play: a --limit, or another batch of serial
         return (f"{name} is not in this run (a --limit, or a batch of its own), so the address of its {iface} "
@@ -133,9 +133,8 @@ def _worker_address(name, entry, router_host):
     address = _listener_address(entry)
     if address is not None:
         return address, None, False
-    fix = (f"set vllm_router_worker_address on {name} to the address the router host reaches it at (or "
-           "vllm_service_network_interface, whose address is then used)") if not entry.get("interface") else \
-        _no_address_fix(name, entry)
+    fix = _no_address_fix(name, entry, unset=f"set vllm_router_worker_address on {name} to the address the router "
+                          "host reaches it at (or vllm_service_network_interface, whose address is then used)")
     return None, (f"host {name}: the router on {router_host} cannot tell where to reach its instances (they listen "
                   f"on {bind or 'every address'}); {fix}"), False
 
