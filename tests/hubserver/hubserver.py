@@ -268,8 +268,10 @@ class HubServer(ThreadingHTTPServer):
     def __init__(self, root: str, host: str = "127.0.0.1", port: int = 0, config: ServerConfig | None = None):
         self.store = RepoStore(root)
         self.config = config or ServerConfig()
-        self.stats = Stats()
+        self._stats = Stats()
         self.lock = threading.Lock()
+        self._busy = 0                       # GET/HEAD answers not yet recorded in the stats
+        self._idle = threading.Condition(self.lock)
         self.secret = os.urandom(16)
         super().__init__((host, port), HubHandler)
 
@@ -287,9 +289,24 @@ class HubServer(ThreadingHTTPServer):
             return
         super().handle_error(request, client_address)
 
+    @property
+    def stats(self) -> Stats:
+        """The stats, once every answer under way is recorded (at most 2 s of waiting).
+
+        A client can have read a whole body before the server's thread records it; a test that reads
+        the stats right after its download would then miss that request (seen once in CI, under load).
+        """
+        self.settle(2.0)
+        return self._stats
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._busy == 0, timeout)
+
     def reset_stats(self) -> None:
+        self.settle(2.0)
         with self.lock:
-            self.stats = Stats()
+            self._stats = Stats()
 
     def start(self) -> "HubServer":
         threading.Thread(target=self.serve_forever, name="hubserver", daemon=True).start()
@@ -316,12 +333,12 @@ class HubHandler(BaseHTTPRequestHandler):
     # ---- plumbing -------------------------------------------------------------------------
     def _record(self, kind: str, path: str, status: int, sent: int = 0) -> None:
         with self.server.lock:
-            self.server.stats.requests.append({
+            self.server._stats.requests.append({
                 "method": self.command, "kind": kind, "path": path, "status": status,
                 "range": self.headers.get("Range"), "sent": sent,
                 "auth": bool(self.headers.get("Authorization")),
             })
-            self.server.stats.bytes_sent += sent
+            self.server._stats.bytes_sent += sent
 
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None, ctype: str = "application/json"):
         self.send_response(status)
@@ -370,10 +387,20 @@ class HubHandler(BaseHTTPRequestHandler):
 
     # ---- routing ----------------------------------------------------------------------------
     def do_HEAD(self):
-        self._dispatch()
+        self._counted(self._dispatch)
 
     def do_GET(self):
-        self._dispatch()
+        self._counted(self._dispatch)
+
+    def _counted(self, answer) -> None:
+        with self.server.lock:
+            self.server._busy += 1
+        try:
+            answer()
+        finally:
+            with self.server._idle:
+                self.server._busy -= 1
+                self.server._idle.notify_all()
 
     def do_POST(self):
         path = urlsplit(self.path).path
@@ -398,8 +425,8 @@ class HubHandler(BaseHTTPRequestHandler):
             path, query = unquote(parts.path), parse_qs(parts.query)
             if path == "/_admin/stats":
                 with self.server.lock:
-                    stats = {"requests": list(self.server.stats.requests), "bytes_sent": self.server.stats.bytes_sent,
-                             "dropped": self.server.stats.dropped}
+                    stats = {"requests": list(self.server._stats.requests), "bytes_sent": self.server._stats.bytes_sent,
+                             "dropped": self.server._stats.dropped}
                 return self._json(200, stats)
             m = re.match(r"^/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?/?$", path)
             if m:
@@ -630,7 +657,7 @@ class HubHandler(BaseHTTPRequestHandler):
                     if die_at >= 0 and sent < length:
                         self.wfile.flush()
                         with self.server.lock:
-                            self.server.stats.dropped += 1
+                            self.server._stats.dropped += 1
                         self._record(kind, rel, status, sent)
                         try:
                             self.connection.shutdown(socket.SHUT_RDWR)
