@@ -22,7 +22,12 @@ description:
     C(UP); after O(timeout) seconds it fails naming the server's state and its last check.
   - No front door on the host (no socket at O(socket), the first deployment) or no such server in it (a new
     instance, or one the front door does not know yet) is not an error - there is nothing to drain or put
-    back (RV(present) false).
+    back (RV(present) false); except that O(state=ready) with O(address), O(port) and O(check) adds a server
+    missing from a running backend (a new or renamed instance, RV(added)), so that a model's front door has
+    it before the model's other instances restart later in the same run. HAProxy's C(add server) creates it in
+    maintenance with its checks off; the module sets its checks (the backend's C(option httpchk) with O(check)'s
+    interval, fall and rise), enables them and the server, and waits until it is C(UP). The front door role's
+    reload at the end of the run then carries it in the configuration.
   - In check mode the state is read and nothing is set or waited for.
 options:
   socket:
@@ -57,6 +62,25 @@ options:
   port:
     description: With O(address), the server's port.
     type: int
+  check:
+    description:
+      - With O(state=ready), O(address) and O(port), the health checks of a server added to a running backend (the
+        plan's C(frontdoor_runtime.check), the same as the configuration's servers). Without it a missing server
+        is not added.
+    type: dict
+    suboptions:
+      inter:
+        description: Time between two checks (C(2s), C(500ms)).
+        type: str
+        required: true
+      fall:
+        description: Failed checks in a row that take the server out.
+        type: int
+        required: true
+      rise:
+        description: Passed checks in a row that put it back.
+        type: int
+        required: true
   standby:
     description:
       - With O(state=drain), other servers of O(backend) of which one must be C(UP) before the server is drained (a
@@ -93,6 +117,15 @@ EXAMPLES = r"""
     wait_url: http://127.0.0.1:8000
     timeout: 300
 
+- name: Put gamma (new in this run) into the running front door after its gate, and wait until it is UP
+  inferops.vllm.frontdoor_server:
+    backend: chat
+    server: gamma
+    state: ready
+    address: 127.0.0.1
+    port: 8002
+    check: {inter: 2s, fall: 3, rise: 2}
+
 - name: Put alpha back after its health gate, and wait until HAProxy sees it UP
   inferops.vllm.frontdoor_server:
     backend: chat
@@ -112,6 +145,11 @@ before:
   returned: always
   type: str
   sample: UP
+added:
+  description: Whether the server was missing from the running backend and was added (O(check) given).
+  returned: when O(state=ready)
+  type: bool
+  sample: false
 moved:
   description: With O(address), whether the server's address or port was changed before it was put back.
   returned: when O(address) is given
@@ -174,6 +212,11 @@ def _status(module, path, name):
     return True, server["status"], server["check_status"]
 
 
+def _backends(module, path):
+    """The backends of the running front door (from ``show stat``'s servers)."""
+    return {key.split("/", 1)[0] for key in _servers(module, path)}
+
+
 def _address(module, path, name):
     """The server's ``<ip>:<port>`` as HAProxy shows it now."""
     return (_servers(module, path).get(name) or {}).get("address", "")
@@ -187,6 +230,30 @@ def _command(module, path, command):
         module.fail_json(msg=f"front door runtime API {path}: `{command}` failed: {exc}")
     if answer and not answer.lower().startswith(("ip changed", "port changed", "no need to change")):
         module.fail_json(msg=f"front door runtime API {path}: `{command}` answered: {answer}")
+
+
+def _add(module, path, name, address, port, check):
+    """Add ``name`` (backend/server) to the running front door with ``check``'s health checks, then turn its checks
+    and itself on (HAProxy creates a dynamic server in maintenance, checks off). True when added; False when the
+    backend is not running (a model new in this run: the role's reload brings its front door)."""
+    target = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+    command = f"add server {name} {target} check inter {check['inter']} fall {int(check['fall'])} rise {int(check['rise'])}"
+    try:
+        answer = runtime_command(path, command).strip()
+    except OSError as exc:
+        module.fail_json(msg=f"front door runtime API {path}: `{command}` failed: {exc}")
+    if answer.lower().startswith("no such backend"):
+        return False
+    if not answer.lower().startswith("new server registered"):
+        module.fail_json(msg=f"front door runtime API {path}: `{command}` answered: {answer}")
+    for follow in (f"enable health {name}", f"enable server {name}"):
+        try:
+            answer = runtime_command(path, follow).strip()
+        except OSError as exc:
+            module.fail_json(msg=f"front door runtime API {path}: `{follow}` failed: {exc}")
+        if answer:
+            module.fail_json(msg=f"front door runtime API {path}: `{follow}` answered: {answer}")
+    return True
 
 
 def _wait_standby(module, path, backend, standby, timeout, interval, name):
@@ -240,6 +307,9 @@ def main():
             "standby": {"type": "list", "elements": "str", "default": []},
             "address": {"type": "str"},
             "port": {"type": "int"},
+            "check": {"type": "dict", "options": {"inter": {"type": "str", "required": True},
+                                                  "fall": {"type": "int", "required": True},
+                                                  "rise": {"type": "int", "required": True}}},
             "timeout": {"type": "int", "default": 60},
             "interval": {"type": "float", "default": 1.0},
         },
@@ -260,8 +330,34 @@ def main():
 
     present, before, _check = _status(module, path, name)
     result.update(present=present, before=before, status=before)
-    if not present:
+    addable = state == "ready" and module.params["address"] and module.params["check"]
+    if state == "ready":
+        result["added"] = False
+    if not present and not addable:
         module.exit_json(msg=f"the front door has no server {name}: nothing to {state}", **result)
+    if not present:
+        if module.params["backend"] not in _backends(module, path):
+            module.exit_json(msg=f"the front door has no backend {module.params['backend']} yet (its reload brings "
+                                 f"it): nothing to {state}", **result)
+        result.update(changed=True, added=True)
+        if module.check_mode:
+            module.exit_json(msg=f"would add {name} to the running front door", **result)
+        if not _add(module, path, name, module.params["address"], module.params["port"], module.params["check"]):
+            result.update(changed=False, added=False)
+            module.exit_json(msg=f"the front door has no backend {module.params['backend']}: nothing to {state}",
+                             **result)
+        start = time.monotonic()
+        present, status, check = _status(module, path, name)
+        while status != "UP" and time.monotonic() - start < timeout:
+            time.sleep(interval)
+            present, status, check = _status(module, path, name)
+        result.update(waited=round(time.monotonic() - start, 1), status=status, present=present)
+        if status != "UP":
+            module.fail_json(msg=f"front door server {name}, added to the running front door, is not UP {timeout} s "
+                                 f"later: it is {status or 'gone'}" + (f" (last check {check})" if check else "")
+                                 + "; HAProxy sends it no request. DOWN: the instance fails its /health check "
+                                   "(see its journal).", **result)
+        module.exit_json(**result)
 
     if state == "drain":
         result["changed"] = before != "DRAIN"

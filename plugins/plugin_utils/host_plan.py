@@ -139,6 +139,16 @@ PLAN_INPUTS = {
     "vllm_frontdoor_ready_timeout": ("frontdoor_ready_timeout", 60,
                                      "Most seconds to wait after a put-back until HAProxy's checks see the instance "
                                      "C(UP); past it the run fails."),
+    "vllm_frontdoor_check_interval": ("frontdoor_check_interval", "2s",
+                                      "Time between two health checks (C(GET /health)) of one instance at its front "
+                                      "door (HAProxy's C(inter)): a number with a unit (C(us), C(ms), C(s), C(m), "
+                                      "C(h), C(d)); no unit means milliseconds."),
+    "vllm_frontdoor_check_fall": ("frontdoor_check_fall", 3,
+                                  "Failed checks in a row that take an instance out of its front door (C(fall))."),
+    "vllm_frontdoor_check_rise": ("frontdoor_check_rise", 2,
+                                  "Passed checks in a row that put it back (C(rise)). The configuration's servers "
+                                  "and a server the service role adds to a running front door (a new or renamed "
+                                  "instance, the plan's C(frontdoor_runtime.check)) both take these three."),
     "vllm_frontdoor_metrics_port": ("frontdoor_metrics_port", 9101,
                                     "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, "
                                     "C(/metrics); one per host with a front door, on C(vllm_frontdoor_bind_address)); "
@@ -217,6 +227,8 @@ _RANGES = {
     "vllm_preflight_min_systemd_version": (1, 100000, "a systemd version number such as 243", ()),
     "vllm_frontdoor_drain_timeout": (1, 86400, "a number of seconds", ()),
     "vllm_frontdoor_ready_timeout": (1, 86400, "a number of seconds", ()),
+    "vllm_frontdoor_check_fall": (1, 1000, "a number of checks", ()),
+    "vllm_frontdoor_check_rise": (1, 1000, "a number of checks", ()),
     "vllm_service_node_exporter_port": (1024, 65535, "a TCP port number", (0,)),
     "vllm_router_listen_port_base": (1024, 65000, "a TCP port number", ()),
     "vllm_router_metrics_port_base": (1024, 65000, "a TCP port number", ()),
@@ -310,6 +322,9 @@ def input_problems(inputs):
         if isinstance(default, bool):
             if as_bool(value) is None:
                 problems.append(f"{said} ({kind(value)}); use true or false")
+        elif variable == "vllm_frontdoor_check_interval":
+            if isinstance(value, bool) or not re.fullmatch(r"[1-9][0-9]{0,8}(us|ms|s|m|h|d)?", str(value)):
+                problems.append(f"{said}; use a time HAProxy reads, a number with a unit such as 2s or 500ms")
         elif variable in ("vllm_frontdoor_metrics_port", "vllm_install_variant", "vllm_install_version"):
             continue  # checked with the front doors it serves (frontdoor.plan_frontdoors); by vllm_install
         elif isinstance(default, int):
@@ -538,7 +553,10 @@ def _frontdoor_runtime(opts):
     stem = unit[:-len(".service")]
     return {"unit": unit, "runtime_dir": f"/run/{stem}", "socket": f"/run/{stem}/admin.sock",
             "drain": bool(opts["frontdoor_drain"]), "drain_timeout": int(opts["frontdoor_drain_timeout"]),
-            "ready_timeout": int(opts["frontdoor_ready_timeout"])}
+            "ready_timeout": int(opts["frontdoor_ready_timeout"]),
+            # HAProxy's health checks of each instance: the configuration's servers, and a server added at run time
+            "check": {"inter": str(opts["frontdoor_check_interval"]), "fall": int(opts["frontdoor_check_fall"]),
+                      "rise": int(opts["frontdoor_check_rise"])}}
 
 
 def _scale_out(placed, models, policies):

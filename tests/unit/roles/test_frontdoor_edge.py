@@ -99,10 +99,12 @@ def fixture_edge(request, tmp_path):
     keys = KEYS
     if request.param == "host":
         models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port, routes=["POST /tokenize"])}
-        p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0)
+        p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0,
+                 vllm_frontdoor_check_interval="200ms")
     else:
         models = {"tiny": dict(MODELS["tiny"], routes=["POST /tokenize"])}
-        p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0)
+        p = plan([{"name": "a", "model": "tiny", "port": server.port}], models, vllm_frontdoor_metrics_port=0,
+                 vllm_frontdoor_check_interval="200ms")
         fd = dict(p["frontdoors"][0] if p["frontdoors"] else {}, name="_router_tiny", router=True, port=port)
         from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy  # pylint: disable=import-outside-toplevel
         fd = {"name": "_router_tiny", "model": "tiny", "router": True, "served_model_name": "tiny-llama",
@@ -116,7 +118,7 @@ def fixture_edge(request, tmp_path):
 
     def write(api_keys):
         text = render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=keys_dir, vllm_frontdoor_api_keys=api_keys,
-                      vllm_frontdoor__socket=str(tmp_path / "admin.sock"), vllm_frontdoor_check_interval="200ms")
+                      vllm_frontdoor__socket=str(tmp_path / "admin.sock"))
         cfg.write_text(text)
         return text
 
@@ -211,10 +213,11 @@ def _router_pair(tmp_path, router_a, router_b, **settings):
     """Two router hosts' front doors on this machine, as the plan makes them: door A before router A, with door B as
     its backup, and door B before router B (no backup). Yields (door_a, door_b, procs) once both doors answer and B
     is UP in A's checks; stops both HAProxy processes and the stand-in routers afterwards. ``settings``: more role
-    variables for the template (the check interval, the log level)."""
+    variables for the template (the log level) or plan inputs (the check interval, vllm_frontdoor_check_interval)."""
     door_a, door_b = _free_port(), _free_port()
+    inputs = {k: settings.pop(k) for k in list(settings) if k.startswith("vllm_frontdoor_check_")}
     base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
-                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0, **inputs)
     procs = []
     try:
         for name, door, router, backup in (("a", door_a, router_a, door_b), ("b", door_b, router_b, None)):
@@ -413,10 +416,9 @@ def test_a_reload_keeps_drained_and_maintained_servers_out_of_rotation(tmp_path)
     def write(names):
         models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port)}
         p = plan([{"name": n, "model": "tiny", "port": servers[n].port} for n in names], models,
-                 vllm_frontdoor_metrics_port=0)
+                 vllm_frontdoor_metrics_port=0, vllm_frontdoor_check_interval="200ms")
         cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / "keys"),
-                              vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=sock,
-                              vllm_frontdoor_check_interval="200ms"))
+                              vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=sock))
 
     def states():
         return {k.split("/")[1]: v["status"] for k, v in server_states(runtime_command(sock, "show stat")).items()}
@@ -474,9 +476,10 @@ def test_a_server_put_back_at_a_new_port_gets_the_requests_there(tmp_path):
     old, new = _Anything(), _Anything()
     port, sock, cfg = _free_port(), str(tmp_path / "admin.sock"), tmp_path / "fd.cfg"
     models = {"tiny": dict(MODELS["tiny"], frontdoor_port=port)}
-    p = plan([{"name": "a", "model": "tiny", "port": old.port}], models, vllm_frontdoor_metrics_port=0)
+    p = plan([{"name": "a", "model": "tiny", "port": old.port}], models, vllm_frontdoor_metrics_port=0,
+             vllm_frontdoor_check_interval="200ms")
     cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / "keys"),
-                          vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=sock, vllm_frontdoor_check_interval="200ms"))
+                          vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=sock))
     proc = _start(cfg)
     try:
         _wait_up(port, ALICE)
@@ -510,7 +513,8 @@ def test_two_front_doors_that_back_each_other_up_never_pass_a_request_back_and_f
     ports = {"a": _free_port(), "b": _free_port()}
     doors = {"a": _free_port(), "b": _free_port()}
     base = plan([{"name": "a", "model": "tiny", "port": _free_port()}],
-                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0)
+                {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}, vllm_frontdoor_metrics_port=0,
+                vllm_frontdoor_check_interval="200ms")
     procs, routers = [], {}
 
     def stat(name):
@@ -527,8 +531,7 @@ def test_two_front_doors_that_back_each_other_up_never_pass_a_request_back_and_f
             p = dict(base, frontdoors=[_router_door(name, doors[name], ports[name], doors[other])])
             cfg = tmp_path / f"{name}.cfg"
             cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor_keys_dir=str(tmp_path / f"keys-{name}"),
-                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock"),
-                                  vllm_frontdoor_check_interval="200ms"))
+                                  vllm_frontdoor_api_keys=KEYS, vllm_frontdoor__socket=str(tmp_path / f"{name}.sock")))
             procs.append(_start(cfg))
         time.sleep(3)
         for name in doors:

@@ -352,8 +352,8 @@ def test_a_running_haproxy_serves_its_metrics_and_404_elsewhere(tmp_path):
 
 @needs_haproxy
 def test_haproxy_accepts_ipv6_wildcard_and_knobs(tmp_path):
-    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="::")
-    text = render("frontdoor.cfg.j2", p, vllm_frontdoor_check_interval="500ms", vllm_frontdoor_timeout_server="1h",
+    p = plan([{"name": "a", "model": "tiny"}], vllm_service_host="::", vllm_frontdoor_check_interval="500ms")
+    text = render("frontdoor.cfg.j2", p, vllm_frontdoor_timeout_server="1h",
                   vllm_frontdoor_log_level="info")
     assert "bind :::9000" in text and "server a ::1:8000 check inter 500ms" in text
     haproxy_check(tmp_path, text)
@@ -484,9 +484,10 @@ def fixture_frontdoor(tmp_path):
     inst = _Instance()
     sock = str(tmp_path / "admin.sock")
     models = {"tiny": dict(MODELS["tiny"], frontdoor_port=_free_port())}
-    p = plan([{"name": "a", "model": "tiny", "port": inst.port}], models, vllm_frontdoor_metrics_port=0)
+    p = plan([{"name": "a", "model": "tiny", "port": inst.port}], models, vllm_frontdoor_metrics_port=0,
+             vllm_frontdoor_check_interval="200ms")
     cfg = tmp_path / "run.cfg"
-    cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor__socket=sock, vllm_frontdoor_check_interval="200ms"))
+    cfg.write_text(render("frontdoor.cfg.j2", p, vllm_frontdoor__socket=sock))
     proc = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _attempt in range(50):
@@ -562,6 +563,48 @@ def test_frontdoor_server_has_nothing_to_do_without_a_front_door_or_the_server(f
     assert "has no server tiny/new" in res["msg"]
     status, res = _server(monkeypatch, socket=str(tmp_path / "none.sock"), state="ready")
     assert status == "ok" and not res["changed"] and not res["present"] and "no front door runs here" in res["msg"]
+
+
+def test_frontdoor_server_adds_a_new_instance_to_the_running_backend(frontdoor, monkeypatch):
+    """A renamed or new instance (gamma) is not in the running front door until the role's reload at the end of the
+    run; its put-back adds it (HAProxy's `add server`, checks as the plan's, then `enable health` and `enable server`)
+    and waits until it is UP, so that the model's last other instance (a) can drain while gamma serves. Check mode
+    says it would add it and adds nothing; a second call finds it present; a backend HAProxy does not run yet (a model
+    new in this run) is left to the reload; a new instance that fails its checks fails the call, named."""
+    sock = frontdoor["socket"]
+    gamma, sick = _Instance(), _Instance()
+    sick.healthy = False
+    check = {"inter": "200ms", "fall": 2, "rise": 1}
+    try:
+        args = {"socket": sock, "server": "gamma", "state": "ready", "address": "127.0.0.1", "port": gamma.port,
+                "check": check, "timeout": 20}
+        status, res = _server(monkeypatch, check_mode=True, **args)
+        assert status == "ok" and res["changed"] and res["added"] and not res["present"], res
+        assert "tiny/gamma" not in server_states_of(sock)
+
+        status, res = _server(monkeypatch, **args)
+        assert status == "ok" and res["changed"] and res["added"] and res["status"] == "UP", res
+        assert server_states_of(sock)["tiny/gamma"]["address"] == f"127.0.0.1:{gamma.port}"
+        # a can drain now: the backend still has a server UP (the gap this closes: 503s while a restarted)
+        status, res = _server(monkeypatch, socket=sock, state="drain", wait_url=frontdoor["url"])
+        assert status == "ok" and res["status"] == "DRAIN", res
+        assert [k for k, v in server_states_of(sock).items() if v["status"] == "UP"] == ["tiny/gamma"]
+
+        status, res = _server(monkeypatch, **args)
+        assert status == "ok" and not res["changed"] and not res["added"] and res["status"] == "UP", res
+
+        status, res = _server(monkeypatch, **dict(args, backend="other"))  # (a backend not running yet)
+        assert status == "ok" and not res["changed"] and not res["added"] and not res["present"], res
+        assert "no backend other yet" in res["msg"], res["msg"]
+
+        args.update(server="sick", port=sick.port, timeout=2)
+        status, res = _server(monkeypatch, **args)
+        assert status == "fail" and res["added"], res
+        assert "front door server tiny/sick, added to the running front door, is not UP 2 s later" in res["msg"]
+        assert "fails its /health check" in res["msg"]
+    finally:
+        gamma.close()
+        sick.close()
 
 
 def server_states_of(sock):

@@ -8,6 +8,7 @@ GPU, remove it), in file order; they leave the host changed, so run them once pe
 from __future__ import annotations
 
 import base64
+from collections import Counter
 import json
 import os
 import re
@@ -785,8 +786,8 @@ TRANSITIONS = [
 ]
 
 
-#: The transitions an OpenAI client goes through the front door during (see the test).
-CLIENT_CASES = {"remove-gamma-add-beta"}
+#: The transitions an OpenAI client goes through the front door during (see the test): both.
+CLIENT_CASES = {"tp2-on-other-gpus-a-port-move-and-a-rename", "remove-gamma-add-beta"}
 
 
 def recap(out):
@@ -816,10 +817,10 @@ def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes
 
     frontdoor_pid = show(host, FRONTDOOR_UNIT, "MainPID")
     # a client of the real openai package through the front door the whole time (one request every 2 s): tiny always
-    # has an instance up, so no request fails while the others are drained, restarted, gated and put back. Not in
-    # the first case: there the new instance (gamma, a rename) is not in the running front door until the front door
-    # role reloads it after the steps, so while alpha restarts the front door has no server UP and answers 503 (found
-    # at stop 53, 40 s of 503s: open, see docs/operate.md "Not yet")
+    # has an instance up, so no request fails while the others are drained, restarted, gated and put back. In the
+    # first case the new instance (gamma, a rename) is not in the running front door's configuration until the front
+    # door role reloads it after the steps: its put-back adds it over the runtime API, so that it serves while alpha
+    # restarts (stop 53 found 40 s of 503s there before it did)
     clients = name in CLIENT_CASES
     if clients:
         start_openai_clients(host, current_venv(host), clients=1, pause=2.0)
@@ -837,6 +838,10 @@ def test_a_plan_change_converges_in_one_run_in_a_safe_order_then_nothing_changes
     failed = [r for r in records if not r["ok"]]
     during = [r for r in records if start <= r["t"] <= start + took]
     assert (during or not clients) and not failed, (len(records), failed[:5])
+    if "rename" in name:  # gamma, added to the running front door at its put-back, answered while alpha restarted
+        served = Counter(str(r.get("instance", "")).rsplit("/", 1)[-1] for r in during)
+        assert served["gamma"] > 0, served
+        assert re.search(r"Put back into the front door[^\]]*tiny/gamma\] \** changed: ", out), out[-6000:]
     assert recap(out)[HOST]["changed"] > 0
     steps = re.findall(r"\d+\. (restart\+gate|stop) (vllm-\w+)\.service", out)
     assert [f"{a} {u}" for a, u in steps] == order, out[-6000:]
