@@ -19,6 +19,7 @@ import sys
 SOURCES = {  # constant -> (file under vllm/, the Literal it is read from)
     "KV_CACHE_DTYPES": ("config/cache.py", "CacheDType"),
     "QUANTIZATION_METHODS": ("model_executor/layers/quantization/__init__.py", "QuantizationMethods"),
+    "LORA_RANKS": ("config/lora.py", "MaxLoRARanks"),
 }
 
 
@@ -31,7 +32,7 @@ def literal(path, name):
                 value = node.value
                 if isinstance(value, ast.Subscript):
                     elts = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
-                    return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                    return [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, (str, int))]
     raise SystemExit(f"{path}: no Literal named {name}")
 
 
@@ -56,14 +57,14 @@ def main(root):
              "moves",
              '(tests/unit/plugins/plugin_utils/test_vllm_choices.py fails until then). Do not edit by hand."""',
              "from __future__ import annotations", "",
-             '__all__ = ["VLLM_VERSION", "KV_CACHE_DTYPES", "QUANTIZATION_METHODS", "CHOICES"]', "",
+             '__all__ = ["VLLM_VERSION", "KV_CACHE_DTYPES", "QUANTIZATION_METHODS", "LORA_RANKS", "CHOICES"]', "",
              f'VLLM_VERSION = "{version(root)}"']
     for const, (rel, name) in SOURCES.items():
         values = literal(os.path.join(root, rel), name)
         lines += ["", f"#: vllm/{rel}: {name}", f"{const} = ("]
-        lines += [f'    "{v}",' for v in values]
+        lines += [f'    "{v}",' if isinstance(v, str) else f"    {v}," for v in values]
         lines += [")"]
-    lines += ["", "#: schema key -> the values vLLM accepts", 'CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, '
+    lines += ["", "#: schema key -> the values vLLM accepts (LORA_RANKS: --max-lora-rank's, read by the adapters' plan)", 'CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, '
               '"quantization": QUANTIZATION_METHODS}']
     print("\n".join(lines))
 

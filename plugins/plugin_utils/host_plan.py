@@ -493,6 +493,16 @@ def _url(host, port):
     return f"http://{host}:{port}"
 
 
+def _lora_view(lora):
+    """The plan's view of an instance's LoRA settings (``inventory.lora_settings``), or None."""
+    if not lora:
+        return None
+    return {"max_lora_rank": lora["max_lora_rank"], "max_loras": lora["max_loras"],
+            "max_cpu_loras": lora["max_cpu_loras"],
+            "adapters": [{k: a[k] for k in ("name", "repo_id", "revision", "path", "rank", "fetched")}
+                         for a in lora["adapters"]]}
+
+
 def _instances(placed, specs, records, models):
     """The plan's instances (placement + unit spec + model, in plan order) and the GPUs they share
     (index -> units)."""
@@ -538,6 +548,13 @@ def _instances(placed, specs, records, models):
             "cache_dir": spec["cache_dir"],
             "trust_remote_code": spec["trust_remote_code"],
             "expected": entry["expected"],
+            # the adapters it serves and vLLM's LoRA settings (its --lora-modules; the weights stage fetches and
+            # checks each adapter against its rank and the model before the units change), or None
+            "lora": _lora_view(rec.get("lora")),
+            # what it serves, pinned: a new revision of the model or of an adapter changes the unit (restart)
+            "pins": ([f"{model['repo_id']}@{model['revision']}"] if model["fetched"] else [f"path {spec['model_path']}"])
+                    + [f"{a['name']}={a['repo_id']}@{a['revision']}" if a["fetched"] else f"{a['name']}=path {a['path']}"
+                       for a in (rec.get("lora") or {}).get("adapters", [])],
         })
         if mn:
             out[-1]["multinode"] = {k: v for k, v in mn.items()
@@ -629,8 +646,9 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
         inst["timeout_stop_sec"] = stop_sec
     problems = multinode_port_problems(out, int(opts["vllm_port_stride"]))
     problems += _stop_problems(out, stop_sec)
-    weights, skipped, weights_problems = plan_items(norm["models"], [i["model"]["key"] for i in out],
-                                                    opts["models_dir"], opts["weights_verify"])
+    weights, skipped, weights_problems = plan_items(
+        norm["models"], [i["model"]["key"] for i in out], opts["models_dir"], opts["weights_verify"],
+        [(i["model"]["key"], a["name"]) for i in out for a in (i["lora"] or {}).get("adapters", [])])
     problems += weights_problems
     frontdoors, frontdoor_metrics, fd_problems = plan_frontdoors(
         out, norm["models"], opts["frontdoor_bind_address"] or opts["host"], opts["vllm_port_stride"],

@@ -31,6 +31,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.schema import (
     snapshot_dirs,
     value_problem,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import LORA_RANKS
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import (
     canonical_flag,
     check_extra_args,
@@ -229,6 +230,7 @@ def _model(key, raw, host, models_dir, problems):
     # checked here, once per model (an instance's own are checked with the instance)
     _extra_groups(rec["extra_args"], f"{where}.extra_args", problems)
     rec["env"] = env_problems(rec["env"], f"{where}.env", problems)
+    _model_adapters(rec, where, models_dir, problems)
     rec["pinned"] = isinstance(rec["revision"], str) and bool(SHA_RE.match(rec["revision"]))
     rec["fetched"] = rec["path"] is None
     try:
@@ -236,6 +238,114 @@ def _model(key, raw, host, models_dir, problems):
     except ValueError:
         rec["local_path"] = None
     return rec
+
+
+#: The keys of one adapter of a model's ``adapters``.
+ADAPTER_KEYS = ("repo_id", "revision", "allow_unpinned", "path", "rank")
+#: What clients give in ``model`` to ask for an adapter (vLLM takes the name as it is; no spaces, no '/').
+ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _adapter(name, raw, where, models_dir, problems):
+    """One entry of a model's ``adapters`` -> its record, or None (problems)."""
+    here = f"{where}.adapters.{name}"
+    if not isinstance(name, str) or not ADAPTER_NAME_RE.match(name):
+        problems.append(f"{where}.adapters: the adapter name {name!r} cannot be a model name clients give; use letters, "
+                        "digits, '_', '.' and '-', starting with a letter or digit (e.g. sql-lora)")
+        return None
+    if not isinstance(raw, dict):
+        problems.append(f"{here} must be a dict, {{repo_id: org/name, revision: <sha>, rank: 8}} or {{path: /dir, "
+                        f"rank: 8}}, got {_kind(raw)}")
+        return None
+    before = len(problems)
+    for key in raw:
+        if key not in ADAPTER_KEYS:
+            problems.append(f"{here}: unknown key {key!r}{suggest(key, ADAPTER_KEYS)} (known: {', '.join(ADAPTER_KEYS)})")
+    repo, rev, path = raw.get("repo_id"), raw.get("revision"), raw.get("path")
+    unpinned = _as_bool(raw.get("allow_unpinned", False))
+    if unpinned is None:
+        problems.append(f"{here}.allow_unpinned is {raw.get('allow_unpinned')!r}; use true or false")
+    rank = _as_int(raw.get("rank"))
+    if raw.get("rank") is None:
+        problems.append(f"{here}.rank is missing; give the adapter's r from its adapter_config.json (the largest "
+                        "value of its rank_pattern, if it has one)")
+    elif rank is None or not 1 <= rank <= max(LORA_RANKS):
+        problems.append(f"{here}.rank is {raw.get('rank')!r}; use the adapter's r, a whole number 1-{max(LORA_RANKS)} "
+                        "(the largest rank vLLM serves)")
+    if (repo is None) == (path is None):
+        problems.append(f"{here}: give either repo_id and revision (a Hub repository, fetched) or path (a directory on "
+                        "the host)" + (", not both" if repo is not None else ""))
+    elif path is not None:
+        if not isinstance(path, str) or not path.startswith("/"):
+            problems.append(f"{here}.path is {path!r}; use an absolute path")
+        if rev is not None:
+            problems.append(f"{here}: revision is for a Hub adapter (repo_id); remove it with path")
+    else:
+        msg = repo_id_problem(repo)
+        if msg:
+            problems.append(f"{here}.repo_id is {repo!r}: {msg}; set it to the Hub repository as 'org/name'")
+        if not isinstance(rev, str) or not rev:
+            problems.append(f"{here}.revision is missing; pin the 40-hex commit sha of the adapter's repository")
+        elif not SHA_RE.match(rev) and not unpinned:
+            problems.append(f"{here}.revision is {rev!r}, not a 40-hex commit sha; pin the commit (a branch moves "
+                            "under a running fleet) or set allow_unpinned: true")
+    if len(problems) > before:
+        return None
+    fetched = path is None
+    return {"name": name, "repo_id": repo if fetched else None, "revision": rev if fetched else None,
+            "allow_unpinned": bool(unpinned), "pinned": bool(fetched and SHA_RE.match(rev)), "fetched": fetched,
+            "rank": rank, "path": snapshot_dirs(models_dir, repo)["current"] if fetched else path.rstrip("/") or "/"}
+
+
+def _model_adapters(rec, where, models_dir, problems):
+    """A model's ``adapters`` (name -> record) and its LoRA settings, checked; in place on ``rec``."""
+    raw = rec["adapters"]
+    rec["adapters"] = {}
+    if raw is not None and not isinstance(raw, dict):
+        problems.append(f"{where}.adapters must be a dict of adapter name -> {{repo_id, revision, rank}} or "
+                        f"{{path, rank}}, got {_kind(raw)}")
+        raw = None
+    for name, entry in (raw or {}).items():
+        adapter = _adapter(name, entry, where, models_dir, problems)
+        if adapter is not None:
+            if adapter["fetched"] and adapter["repo_id"] == rec.get("repo_id"):
+                problems.append(f"{where}.adapters.{name}.repo_id is the model's own repository ({adapter['repo_id']}); "
+                                "an adapter is a repository of its own")
+                continue
+            rec["adapters"][name] = adapter
+    if not raw:
+        for key in ("max_lora_rank", "max_loras", "max_cpu_loras"):
+            if rec[key] is not None:
+                problems.append(f"{where}.{key} is set but the model has no adapters; remove it, or declare the "
+                                "adapters in adapters")
+        return
+    rank = rec["max_lora_rank"]
+    if rank is not None and rank not in LORA_RANKS:
+        problems.append(f"{where}.max_lora_rank is {rank}; vLLM accepts {', '.join(map(str, LORA_RANKS))}: use the "
+                        "smallest of them that holds your largest adapter's rank, or leave it out for that")
+    if rec["max_loras"] is not None and rec["max_cpu_loras"] is not None and rec["max_cpu_loras"] < rec["max_loras"]:
+        problems.append(f"{where}.max_cpu_loras is {rec['max_cpu_loras']}, below max_loras {rec['max_loras']}, which "
+                        f"vLLM refuses at start; raise it to {rec['max_loras']} or more, or leave it out")
+
+
+def lora_settings(model, names):
+    """The LoRA settings of an instance serving ``names`` (adapters of ``model``, a normalised record), or None when
+    it serves none: ``{adapters, max_lora_rank, max_loras, max_cpu_loras}`` plus ``problems`` (what vLLM refuses)."""
+    if not names:
+        return None
+    adapters = [model["adapters"][n] for n in names]
+    largest = max(a["rank"] for a in adapters)
+    rank = model["max_lora_rank"] or min(r for r in LORA_RANKS if r >= largest)
+    loras = model["max_loras"] or len(adapters)
+    cpu = model["max_cpu_loras"] or max(loras, len(adapters))
+    problems = []
+    if rank < largest:
+        big = [a["name"] for a in adapters if a["rank"] > rank]
+        problems.append(f"max_lora_rank {rank} is below the rank of {', '.join(big)} ({largest}), which vLLM refuses "
+                        f"to load; raise vllm_models.{model['key']}.max_lora_rank to "
+                        f"{min(r for r in LORA_RANKS if r >= largest)} or leave it out")
+    return {"adapters": adapters, "max_lora_rank": rank, "max_loras": loras, "max_cpu_loras": max(cpu, loras),
+            "problems": problems}
 
 
 def _promoted_twice(rec, model, groups, where, problems):
@@ -331,7 +441,43 @@ def _instance(pos, raw, models, host, problems, refused=()):
     # the names clients ask for; the plan's served_model_name is the first
     rec["served_model_name"] = rec["served_model_name"] or [
         model["repo_id"] if model.get("repo_id") else model["key"]]
+    rec["lora"] = _instance_adapters(rec, model, where, problems)
+    if rec["lora"] is False:
+        return None
     return rec
+
+
+def _instance_adapters(rec, model, where, problems):
+    """The adapters the instance serves (its ``adapters``, default all of its model's) and their LoRA settings; None
+    for none, False when refused."""
+    own = rec["adapters"]
+    known = model.get("adapters") or {}
+    if own is None:
+        names = list(known)
+    elif not isinstance(own, list) or not all(isinstance(n, str) for n in own):
+        problems.append(f"{where}.adapters must be a list of names of vllm_models.{model['key']}.adapters "
+                        f"({', '.join(known) or 'it declares none'}), or [] for none; got {_kind(own)}")
+        return False
+    else:
+        names = list(dict.fromkeys(own))
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            problems.append(f"{where}.adapters names {', '.join(repr(n) for n in unknown)}, not an adapter of "
+                            f"vllm_models.{model['key']}" + (f" (it has {', '.join(known)})" if known else
+                                                             " (it declares none: add them there)"))
+            return False
+    clash = [n for n in names if n in rec["served_model_name"]]
+    if clash:
+        problems.append(f"{where}: adapter {clash[0]!r} has the name the instance serves the model as "
+                        "(served_model_name); clients could not tell them apart: rename the adapter")
+        return False
+    lora = lora_settings(model, names)
+    if lora and lora["problems"]:
+        problems.extend(f"{where}: {p}" for p in lora["problems"])
+        return False
+    if lora:
+        lora.pop("problems")
+    return lora
 
 
 def scheduler_problems(rec, where):

@@ -161,6 +161,22 @@ ROWS = [
     _row("routes", "list", MODEL, "More routes the front doors pass to this model (with a key), each C(METHOD /path), "
                                   "e.g. C(POST /tokenize); routes that change or read a server's state are refused.",
          default=[], elements="str"),
+    # ---- LoRA adapters (docs/service.md, "LoRA adapters")
+    _row("adapters", "raw", BOTH, "LoRA adapters of this model, by the name clients give in C(model): each "
+                                  "C({repo_id, revision, rank}) (a Hub repository pinned like the model, fetched by "
+                                  "the weights stage beside it) or C({path, rank}) (a directory on the host). "
+                                  "C(rank) is the adapter's C(r) in its C(adapter_config.json); the weights stage "
+                                  "checks it and the adapter's base against the model before any unit changes. "
+                                  "Every instance of the model serves them all unless it narrows the list.",
+         instance_doc="Names of the model's C(adapters) this instance serves (default all of them; C([]) for none)."),
+    _row("base_aliases", "list", MODEL, "More names an adapter's C(base_model_name_or_path) may give for this model "
+                                        "besides its C(repo_id) (the directory it was trained from, say).",
+         default=[], elements="str"),
+    _row("max_lora_rank", "int", MODEL, "C(--max-lora-rank): default the smallest rank vLLM accepts that holds the "
+                                        "largest C(rank) of the adapters (LoRA's memory grows with it)."),
+    _row("max_loras", "int", MODEL, "C(--max-loras): adapters in one batch; default the instance's adapter count."),
+    _row("max_cpu_loras", "int", MODEL, "C(--max-cpu-loras): adapters vLLM keeps in CPU memory; default and least "
+                                        "C(max_loras)."),
     # ---- an instance that spans hosts
     _row("nodes", "raw", INSTANCE, "Hosts this instance spans (vLLM's multi-node launcher): a list of inventory host "
                                    "names, rank 0 (the API) first, or C({group: <name>, count: N}) (the group's first "
@@ -186,7 +202,7 @@ MODEL_KEYS = {r["key"]: (r["type"], r["default"], r["doc"]) for r in ROWS if r["
 INSTANCE_KEYS = {r["key"]: (r["type"], r["default"] if r["level"] == INSTANCE else r["instance_default"],
                             _instance_doc(r)) for r in ROWS if r["level"] in (INSTANCE, BOTH)}
 #: Instance keys that override the model's setting of the same name (extra_args and env add up instead).
-OVERRIDES = tuple(r["key"] for r in ROWS if r["level"] == BOTH and r["key"] not in ("extra_args", "env"))
+OVERRIDES = tuple(r["key"] for r in ROWS if r["level"] == BOTH and r["key"] not in ("extra_args", "env", "adapters"))
 #: The rows that become vLLM flags, in command-line order.
 FLAG_ROWS = [r for r in ROWS if r["flag"]]
 #: Flags a row sets (canonical, without dashes) -> where to set it instead.
@@ -196,6 +212,9 @@ for _r in FLAG_ROWS:
     MANAGED[_r["flag"]] = _where
     for _also in _r["also"]:
         MANAGED[_also] = f"{_r['key']} in the model entry of vllm_models (it turns this on)"
+#: The LoRA flags: the plan sets them from the model's adapters (service_spec.lora_args)
+for _flag in ("enable-lora", "lora-modules", "max-lora-rank", "max-loras", "max-cpu-loras"):
+    MANAGED[_flag] = "adapters (and max_lora_rank, max_loras, max_cpu_loras) in the model entry of vllm_models"
 #: Flags users passed in extra_args before a row made them a key: flag -> row (accepted with a warning).
 PROMOTED = {r["flag"]: r for r in FLAG_ROWS if r["promoted"]}
 

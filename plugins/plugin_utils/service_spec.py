@@ -17,6 +17,7 @@ than 243 (no ``NUMAPolicy=``) gets a ``numactl`` prefix instead. Each such decis
 """
 from __future__ import annotations
 
+import json
 import re
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils import multinode
@@ -137,6 +138,19 @@ def _additions(entry, models):
     return groups, dict(model.get("env") or {}), dict(entry.get("env") or {})
 
 
+def lora_args(lora, base_name):
+    """The LoRA flags of an instance serving adapters (``inventory.lora_settings``), none without: ``--enable-lora``,
+    the rank and counts, and one ``--lora-modules`` item per adapter in vLLM's JSON form, so that ``/v1/models`` lists
+    each adapter with the served model as its parent (``base_model_name``)."""
+    if not lora:
+        return []
+    modules = [json.dumps({"name": a["name"], "path": a["path"], "base_model_name": base_name}, separators=(",", ":"))
+               for a in lora["adapters"]]
+    return [["--enable-lora"], ["--max-lora-rank", str(lora["max_lora_rank"])],
+            ["--max-loras", str(lora["max_loras"])], ["--max-cpu-loras", str(lora["max_cpu_loras"])],
+            ["--lora-modules"] + modules]
+
+
 def _command_line(entry, model, groups, opts, where, problems):
     """The vLLM flags of one instance (groups of tokens), or None when a multi-node flag clashes."""
     args = [["--model", model["path"]], ["--served-model-name"] + model["served"],
@@ -147,6 +161,7 @@ def _command_line(entry, model, groups, opts, where, problems):
     args.append(["--host", opts["host"]])
     args.append(["--port", str(entry["port"])])
     args.extend(flag_args(model["flags"]))
+    args.extend(lora_args(entry.get("lora"), model["served"][0]))
     if opts["disable_custom_all_reduce"]:
         args.append(["--disable-custom-all-reduce"])
     mn = entry.get("multinode")

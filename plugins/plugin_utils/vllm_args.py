@@ -56,6 +56,12 @@ MANAGED_ENV = {
     "VLLM_CACHE_ROOT": "vllm_service_cache_dir",
     "VLLM_HOST_IP": "vllm_service_host (multi-node instances: vllm_service_network_interface)",
 }
+#: Environment variables that must never be set, name -> why.
+FORBIDDEN_ENV = {
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "it lets any client with the key load or unload adapters at run time "
+                                        "(/v1/load_lora_adapter, which the front doors refuse anyway); declare "
+                                        "adapters in vllm_models.<model>.adapters (pinned, fetched, verified)",
+}
 SECRET_ENV = {
     "VLLM_API_KEY": "vllm_service_api_key",
     "HF_TOKEN": "vllm_service_hf_token",
@@ -161,6 +167,9 @@ def env_problems(value, where, problems):
         if name in SECRET_ENV:
             problems.append(f"{where}: {name} is a secret and must not be written into the unit; "
                             f"set {SECRET_ENV[name]} (it goes into the root-only environment file)")
+            continue
+        if name in FORBIDDEN_ENV:
+            problems.append(f"{where}: {name} is not allowed: {FORBIDDEN_ENV[name]}")
             continue
         if name in MANAGED_ENV:
             problems.append(f"{where}: {name} is set by the role; set {MANAGED_ENV[name]} instead")

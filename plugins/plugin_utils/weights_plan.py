@@ -33,8 +33,13 @@ class WeightsPlanError(ValueError):
         ValueError.__init__(self, where + "; ".join(self.problems))
 
 
-def plan_items(records, keys, models_dir, verify="size"):
-    """The snapshots of the models ``keys`` from normalised model records (``inventory.normalise``).
+def plan_items(records, keys, models_dir, verify="size", adapters=()):
+    """The snapshots of the models ``keys`` from normalised model records (``inventory.normalise``), then those of
+    ``adapters`` (``(model key, adapter name)`` pairs: the LoRA adapters the host's instances serve).
+
+    An adapter's item carries ``adapter``: ``{model, name, rank, bases}`` (``bases``: the names its
+    ``adapter_config.json`` may give as ``base_model_name_or_path``: the model's ``repo_id``, its key and its
+    ``base_aliases``), which the weights role checks against the fetched ``adapter_config.json``.
 
     Returns ``(items, skipped, problems)``: one item per snapshot (see ``wanted_models``), the models served
     from a ``path`` (not fetched), and what only the snapshots together can show: one repository at two
@@ -70,6 +75,35 @@ def plan_items(records, keys, models_dir, verify="size"):
                 "revision": revision, "pinned": bool(SHA_RE.match(revision)), "allow_unpinned": rec["allow_unpinned"],
                 "allow_patterns": allow, "ignore_patterns": ignore, "verify": model_verify,
                 "repo_dir": dirs["repo_dir"], "current": dirs["current"], "slug": "%s--%s" % (org, name)}
+        by_repo[repo_id] = item
+        items.append(item)
+    for key, name in dict.fromkeys(adapters):
+        model, adapter = records[key], records[key]["adapters"][name]
+        if not adapter["fetched"]:
+            skipped.append({"key": f"{key}/{name}", "reason": "adapter served from path %s, not fetched" % adapter["path"]})
+            continue
+        repo_id, revision = adapter["repo_id"], adapter["revision"]
+        item_id = "%s@%s" % (repo_id, revision)
+        check = {"model": key, "name": name, "rank": adapter["rank"],
+                 "bases": [b for b in [model.get("repo_id"), key] + list(model.get("base_aliases") or []) if b]}
+        other = by_repo.get(repo_id)
+        if other is not None:
+            if other["id"] != item_id or "adapters" not in other:
+                problems.append("%s is %s at revision %s and %s at revision %s; a host keeps one revision of a "
+                                "repository (one current link): use one revision, or another repository"
+                                % (repo_id, other["model_keys"][0], other["revision"],
+                                   f"{key}/{name}", revision))
+            else:
+                other["model_keys"].append(f"{key}/{name}")
+                other["adapters"].append(check)
+            continue
+        org, repo_name = repo_id.split("/")
+        dirs = snapshot_dirs(root, repo_id)
+        item = {"id": item_id, "model_keys": [f"{key}/{name}"], "repo_id": repo_id, "org": org, "name": repo_name,
+                "revision": revision, "pinned": adapter["pinned"], "allow_unpinned": adapter["allow_unpinned"],
+                "allow_patterns": None, "ignore_patterns": None, "verify": model.get("verify") or verify,
+                "repo_dir": dirs["repo_dir"], "current": dirs["current"], "slug": "%s--%s" % (org, repo_name),
+                "adapters": [check]}
         by_repo[repo_id] = item
         items.append(item)
     return items, skipped, problems
@@ -220,3 +254,60 @@ def fanout_plan(wanted_by_host, host, fanout=False, source=None, hosts=None, mod
             "reach": [h for h in order if h in below],
             "relay": any(children[i].get(host) and sources[i] != host for i in children),
             "sources": sources, "routes": routes}
+
+
+#: What vLLM's PEFTHelper refuses in an adapter_config.json (vllm/lora/peft_helper.py, vLLM 0.32.0): key -> the
+#: value that is fine, and what to say.
+_REFUSED_FEATURES = {"use_dora": (False, "DoRA"), "lora_bias": (False, "a LoRA bias (lora_bias)"),
+                     "use_qalora": (False, "QALoRA"), "layer_replication": (None, "layer_replication"),
+                     "alora_invocation_tokens": (None, "Activated LoRA (alora_invocation_tokens)"),
+                     "use_bdlora": (None, "block-diagonal LoRA (use_bdlora)")}
+#: PEFT's init_lora_weights that leave a plain LoRA (others change the base weights: PiSSA, OLoRA, CorDA, LoftQ).
+_PLAIN_INITS = ("gaussian", "eva", "orthogonal", "mica", "lora_ga")
+
+
+def adapter_problems(item, config, host=None):
+    """Why the fetched adapter ``item`` (a weights item with ``adapters``, ``plan_items``) cannot serve, read from its
+    ``adapter_config.json`` (``config``: the parsed dict, or a string saying why it could not be read): one sentence
+    per adapter and reason, naming the adapter, its base and rank, and the fix. An empty list: it serves."""
+    where = "host %s: " % host if host else ""
+    problems = []
+    for use in item.get("adapters") or []:
+        name = "adapter %s of model %s (%s)" % (use["name"], use["model"], item["id"])
+        if not isinstance(config, dict):
+            problems.append("%s%s: its adapter_config.json %s; is the repository a PEFT LoRA adapter?"
+                            % (where, name, config if isinstance(config, str) else "is not a JSON object"))
+            continue
+        peft_type = config.get("peft_type")
+        if str(peft_type).upper() != "LORA":
+            problems.append("%s%s: peft_type is %r, not LORA; vLLM serves LoRA adapters only" % (where, name, peft_type))
+        base = config.get("base_model_name_or_path")
+        if base not in use["bases"]:
+            problems.append("%s%s: its base_model_name_or_path is %r, not this model (%s); serve it with the model it "
+                            "was trained on, or, if %r is that model under another name, add it to "
+                            "vllm_models.%s.base_aliases" % (where, name, base, " or ".join(use["bases"]), base,
+                                                              use["model"]))
+        ranks = [config.get("r")] + list((config.get("rank_pattern") or {}).values())
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks):
+            problems.append("%s%s: its rank (r %r, rank_pattern %r) is not a positive whole number"
+                            % (where, name, config.get("r"), config.get("rank_pattern")))
+        elif max(ranks) != use["rank"]:
+            problems.append("%s%s: its rank is %d (r%s), but vllm_models.%s.adapters.%s.rank says %d; set rank: %d "
+                            "(the plan's --max-lora-rank follows it)"
+                            % (where, name, max(ranks), " and rank_pattern" if len(ranks) > 1 else "", use["model"],
+                               use["name"], use["rank"], max(ranks)))
+        for key, (fine, what) in _REFUSED_FEATURES.items():
+            if config.get(key) not in (fine, None, [], {}):
+                problems.append("%s%s: it uses %s, which vLLM does not serve" % (where, name, what))
+        init = config.get("init_lora_weights", True)
+        if isinstance(init, str) and init.lower() not in _PLAIN_INITS:
+            problems.append("%s%s: init_lora_weights is %r, which changes the base weights when PEFT loads it; vLLM "
+                            "does not serve it (convert it to a plain LoRA with PEFT)" % (where, name, init))
+        extra = [m for m in (config.get("modules_to_save") or []) if m not in ("classifier", "score")]
+        if extra:
+            problems.append("%s%s: modules_to_save %s is more than vLLM serves (only classifier or score)"
+                            % (where, name, extra))
+        if config.get("bias", "none") != "none":
+            problems.append("%s%s: bias is %r; vLLM serves adapters without bias (none)" % (where, name, config.get("bias")))
+    return problems
+
