@@ -64,8 +64,8 @@ def main(root):
         lines += ["", f"#: vllm/{rel}: {name}", f"{const} = ("]
         lines += [f'    "{v}",' if isinstance(v, str) else f"    {v}," for v in values]
         lines += [")"]
-    lines += ["", "#: schema key -> the values vLLM accepts (LORA_RANKS: --max-lora-rank's, read by the adapters' plan)", 'CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, '
-              '"quantization": QUANTIZATION_METHODS}']
+    lines += ["", "#: schema key -> the values vLLM accepts (LORA_RANKS: --max-lora-rank's, read by the adapters' plan)",
+              'CHOICES = {"kv_cache_dtype": KV_CACHE_DTYPES, "quantization": QUANTIZATION_METHODS}']
     print("\n".join(lines))
 
 

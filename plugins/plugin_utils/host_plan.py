@@ -503,6 +503,15 @@ def _lora_view(lora):
                          for a in lora["adapters"]]}
 
 
+def _pins(model, model_path, lora):
+    """What an instance serves, pinned (its unit shows them): a new revision of the model or of an adapter changes the
+    unit, so the instance restarts onto it behind the gate."""
+    pins = [f"{model['repo_id']}@{model['revision']}" if model["fetched"] else f"path {model_path}"]
+    for a in (lora or {}).get("adapters", []):
+        pins.append(f"{a['name']}={a['repo_id']}@{a['revision']}" if a["fetched"] else f"{a['name']}=path {a['path']}")
+    return pins
+
+
 def _instances(placed, specs, records, models):
     """The plan's instances (placement + unit spec + model, in plan order) and the GPUs they share
     (index -> units)."""
@@ -552,9 +561,7 @@ def _instances(placed, specs, records, models):
             # checks each adapter against its rank and the model before the units change), or None
             "lora": _lora_view(rec.get("lora")),
             # what it serves, pinned: a new revision of the model or of an adapter changes the unit (restart)
-            "pins": ([f"{model['repo_id']}@{model['revision']}"] if model["fetched"] else [f"path {spec['model_path']}"])
-                    + [f"{a['name']}={a['repo_id']}@{a['revision']}" if a["fetched"] else f"{a['name']}=path {a['path']}"
-                       for a in (rec.get("lora") or {}).get("adapters", [])],
+            "pins": _pins(model, spec["model_path"], rec.get("lora")),
         })
         if mn:
             out[-1]["multinode"] = {k: v for k, v in mn.items()

@@ -285,8 +285,8 @@ def adapter_problems(item, config, host=None):
         if base not in use["bases"]:
             problems.append("%s%s: its base_model_name_or_path is %r, not this model (%s); serve it with the model it "
                             "was trained on, or, if %r is that model under another name, add it to "
-                            "vllm_models.%s.base_aliases" % (where, name, base, " or ".join(use["bases"]), base,
-                                                              use["model"]))
+                            "vllm_models.%s.base_aliases"
+                            % (where, name, base, " or ".join(use["bases"]), base, use["model"]))
         ranks = [config.get("r")] + list((config.get("rank_pattern") or {}).values())
         if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks):
             problems.append("%s%s: its rank (r %r, rank_pattern %r) is not a positive whole number"
@@ -310,4 +310,3 @@ def adapter_problems(item, config, host=None):
         if config.get("bias", "none") != "none":
             problems.append("%s%s: bias is %r; vLLM serves adapters without bias (none)" % (where, name, config.get("bias")))
     return problems
-

@@ -300,3 +300,104 @@ def test_each_kind_of_drift_on_a_converged_host_is_found_and_mended_by_one_run(h
     _print_calls(mended, "the run that mended four drifts")
     _print_calls(converged, "the next run (converged)")
     assert converged["hosts"]["fleet-b"]["calls"] <= MAX_CALLS, converged["hosts"]["fleet-b"]["tasks"]
+
+
+# --------------------------------------------------------------------------- LoRA adapters (issue 40)
+
+ADAPTERS = sorted(_INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"]["adapters"])
+FRONTDOOR = _INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"]["frontdoor_port"]
+
+
+def _door(host, path, body=None):
+    """A request to the node's front door with the instances' key (read from the rollout client's header file, so the
+    key is on no command line); the parsed JSON answer."""
+    data = f"-d '{json.dumps(body)}'" if body is not None else ""
+    return json.loads(host.check_output(f"curl -sf --max-time 120 -H @/run/fleet-lora-client.headers {data} "
+                                        f"http://127.0.0.1:{FRONTDOOR}{path}"))
+
+
+def test_the_base_model_and_each_adapter_answer_apart_through_the_front_door(host):
+    """The canary's front door serves the base model and its two adapters, fetched from the node's endpoint and
+    checked by the weights stage: /v1/models lists each adapter with the base model as its parent, and at temperature
+    0 the three give three different completions of one prompt; vLLM counts the adapters' requests."""
+    if _name(host) != "fleet-canary":
+        pytest.skip("the canary's front door")
+    listed = {m["id"]: m for m in _door(host, "/v1/models")["data"]}
+    assert set(listed) == {"tiny-llama", *ADAPTERS}, listed
+    for name in ADAPTERS:
+        assert listed[name]["parent"] == "tiny-llama", listed[name]
+    texts = {}
+    for name in ["tiny-llama", *ADAPTERS]:
+        answer = _door(host, "/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 8, "temperature": 0})
+        texts[name] = answer["choices"][0]["text"]
+    print("completions at temperature 0: " + json.dumps(texts))
+    assert len(set(texts.values())) == 3, texts
+    plan = json.loads(host.file("/etc/inferops/vllm/plan.json").content_string)
+    inst = plan["instances"][0]
+    assert inst["lora"]["max_lora_rank"] == 16 and inst["lora"]["max_loras"] == 2, inst["lora"]
+    metrics = host.check_output(f"curl -sf -H @/run/fleet-lora-client.headers {inst['url']}/metrics")
+    assert "vllm:lora_requests_info" in metrics
+    # runtime loading is off, and the front door passes neither route: 404 with the key, 401 without
+    for route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        body = "-d '{\"lora_name\": \"x\", \"lora_path\": \"/tmp\"}'"
+        with_key = host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -H @/run/fleet-lora-client.headers "
+                                     f"{body} http://127.0.0.1:{FRONTDOOR}{route}")
+        without = host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
+                                    f"{body} http://127.0.0.1:{FRONTDOOR}{route}")
+        assert (with_key, without) == ("404", "401"), (route, with_key, without)
+
+
+def test_the_rollout_rolled_lora_a_to_its_next_revision_without_a_failed_request(host):
+    """Version B pins lora-a to its next revision: the canary fetched it, the unit changed (its pins), and both
+    instances restarted in turn behind the drain. A client asked the front door for lora-a every 2 s all along: no
+    request failed, and its answer went from the old revision's to the new one's."""
+    if _name(host) != "fleet-canary":
+        pytest.skip("the canary's client")
+    samples = [line.split(" ", 2) for line in host.file("/run/fleet-lora-client.log").content_string.splitlines()]
+    failed = [s for s in samples if s[1] != "200"]
+    texts = [json.loads(s[2]) for s in samples if s[1] == "200"]
+    seen = list(dict.fromkeys(texts))
+    print(f"lora-a client: {len(samples)} requests, {len(failed)} failed; answers in order of first sight: {seen}")
+    assert len(samples) > 20 and not failed, failed[:5]
+    assert len(seen) == 2 and texts[0] == seen[0] and texts[-1] == seen[1], seen
+    shas = json.loads(open(os.path.join(EPHEMERAL, "adapters.json")).read())
+    current = host.check_output("readlink /var/lib/inferops/models/inferops-fleet/tiny-lora-a/current")
+    assert current == shas["lora-a2"]
+    for instance in INSTANCES["fleet-canary"]:
+        unit = host.file(f"/etc/systemd/system/vllm-{instance}.service").content_string
+        assert f"lora-a=inferops-fleet/tiny-lora-a@{shas['lora-a2']}" in unit
+
+
+def test_an_adapter_of_another_model_is_refused_before_anything_changes(host, tmp_path):
+    """lora-bad was trained on another model (its adapter_config.json says so): site.yml on fleet-b with it added
+    fails in the weights stage, naming the adapter, its base and the fix; no link moved, no unit changed, the instance
+    kept running (same process)."""
+    if _name(host) != "fleet-b":
+        pytest.skip("fleet-b, the host the rollout never touched")
+    shas = json.loads(open(os.path.join(EPHEMERAL, "adapters.json")).read())
+    plan = json.loads(host.file("/etc/inferops/vllm/plan.json").content_string)
+    (inst,) = plan["instances"]
+    unit = f"/etc/systemd/system/{inst['unit']}"
+    before = (host.file(unit).content_string, host.check_output(f"systemctl show -P MainPID {inst['unit']}"))
+    overrides = {"vllm_models": {"tiny": dict(
+        _INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"],
+        revision=open(os.path.join(EPHEMERAL, "sha")).read().strip(),
+        adapters={"lora-a": {"repo_id": "inferops-fleet/tiny-lora-a", "revision": shas["lora-a"], "rank": 8},
+                  "lora-b": {"repo_id": "inferops-fleet/tiny-lora-b", "revision": shas["lora-b"], "rank": 16},
+                  "lora-bad": {"repo_id": "inferops-fleet/tiny-lora-bad", "revision": shas["lora-bad"], "rank": 8}})}}
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps(overrides))
+    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "--limit", "fleet-b", "-e", f"@{extra}",
+                           "inferops.vllm.site"], capture_output=True, text=True, timeout=900, check=False,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0"))
+    out = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0, out[-3000:]
+    said = re.search(r"Adapter problems \(no link moved, no unit changed\):.*?(?=\"|$)", out)
+    assert said, out[-3000:]
+    print(said.group(0)[:600])
+    assert (f"adapter lora-bad of model tiny (inferops-fleet/tiny-lora-bad@{shas['lora-bad']}): its "
+            "base_model_name_or_path is 'other-org/other-model', not this model (inferops-fleet/tiny-llama or tiny)"
+            in out), out[-3000:]
+    assert "add it to vllm_models.tiny.base_aliases" in out
+    assert not host.file("/var/lib/inferops/models/inferops-fleet/tiny-lora-bad/current").exists
+    assert (host.file(unit).content_string, host.check_output(f"systemctl show -P MainPID {inst['unit']}")) == before
