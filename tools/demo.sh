@@ -36,24 +36,31 @@ step "2/5 a tiny Llama model, published on a Hub-compatible endpoint inside the 
 if [ ! -f "$demo/model/config.json" ]; then
   python tests/models/make_tiny_model.py "$demo/model" >/dev/null
 fi
-if [ ! -f "$demo/sha" ]; then
+if [ ! -f "$demo/sha" ] || [ ! -f "$demo/lora-sha" ]; then
   rm -rf "$demo/hub"
   python - "$demo" <<'PY'
 import sys
-sys.path.insert(0, "tests/hubserver")
+sys.path[:0] = ["tests/hubserver", "tests/models"]
 from hubserver import publish_repo
+from make_tiny_lora import make
 demo = sys.argv[1]
 sha = publish_repo(demo + "/model", demo + "/hub", "inferops-demo/tiny-llama", link=False)
 open(demo + "/sha", "w").write(sha + "\n")
+# a LoRA adapter of the model (rank 8), trained on nothing: random, non-zero weights
+make(demo + "/lora", rank=8, seed=1, base="inferops-demo/tiny-llama")
+lora = publish_repo(demo + "/lora", demo + "/hub", "inferops-demo/tiny-lora", link=False)
+open(demo + "/lora-sha", "w").write(lora + "\n")
 PY
 fi
 sha=$(cat "$demo/sha")
+lora_sha=$(cat "$demo/lora-sha")
 echo "model inferops-demo/tiny-llama @ $sha"
+echo "adapter inferops-demo/tiny-lora @ $lora_sha"
 ansible-playbook -i "$inv" tools/demo-hub.yml -e "demo_dir=$demo" | tail -n 3
 
 step "3/5 site.yml (validate -> preflight/plan -> install -> fetch -> serve -> router -> front door -> verify)"
 start=$(date +%s)
-ansible-playbook -i "$inv" inferops.vllm.site -e "demo_model_sha=$sha" | tee "$demo/site.log" \
+ansible-playbook -i "$inv" inferops.vllm.site -e "demo_model_sha=$sha" -e "demo_lora_sha=$lora_sha" | tee "$demo/site.log" \
   | grep -v '^\s*$' | sed -n '/PLAY RECAP/,$p;/Show the plan/,/^TASK/p;/Fleet report/p' | grep -v '^TASK' || true
 if ! grep -q 'failed=0' "$demo/site.log" || grep -q 'unreachable=[1-9]' "$demo/site.log"; then
   echo "site.yml failed: see $demo/site.log"; exit 1
@@ -79,6 +86,15 @@ for door in "9000 front door (HAProxy over this host's instances)" "9100 router 
     "http://127.0.0.1:$port/v1/completions" \
     -d '{"model": "tiny-llama", "prompt": "The GPU said", "max_tokens": 12, "temperature": 0}' \
     | python -c 'import json,sys; r=json.load(sys.stdin); print("port", sys.argv[1], "->", repr(r["choices"][0]["text"]), "(", r["usage"]["completion_tokens"], "tokens )")' "$door"
+done
+echo "the base model and its LoRA adapter, side by side at temperature 0 (front door, then router):"
+for port in 9000 9100; do
+  for model in tiny-llama tiny-lora; do
+    podman exec "$node" curl -s -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+      "http://127.0.0.1:$port/v1/completions" \
+      -d "{\"model\": \"$model\", \"prompt\": \"The GPU said\", \"max_tokens\": 12, \"temperature\": 0}" \
+      | python -c 'import json,sys; r=json.load(sys.stdin); print("  port", sys.argv[1], sys.argv[2].ljust(10), "->", repr(r["choices"][0]["text"]) if "choices" in r else r)' "$port" "$model"
+  done
 done
 echo "the router's admin routes through the front door: POST /add_worker -> $(podman exec "$node" curl -s -o /dev/null -w '%{http_code}' -X POST 'http://127.0.0.1:9100/add_worker?url=http://10.0.0.66:8000') (refused)"
 sed -n '/^## Routers/,/^## GPUs/p' reports/fleet-report.md | grep '^- ' || true

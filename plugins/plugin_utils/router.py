@@ -142,8 +142,14 @@ def _worker_address(name, entry, router_host):
 def plan_endpoints(instances):
     """The instances of a host's plan a router can route to: ``[{instance, model, port}]`` (those that serve the API
     on the host: single-host instances and rank 0 of one that spans hosts; a headless rank has no ``url``)."""
-    return [{"instance": i["name"], "model": i["model"]["key"], "port": i["port"]}
+    return [{"instance": i["name"], "model": i["model"]["key"], "port": i["port"], "adapters": _adapters(i.get("lora"))}
             for i in instances if i.get("url") is not None and i.get("port") is not None]
+
+
+def _adapters(lora):
+    """The adapters an instance serves, as a router's workers must agree on them: ``name=repo@revision`` (or path)."""
+    return sorted(f"{a['name']}={a['repo_id']}@{a['revision']}" if a.get("fetched") else f"{a['name']}=path {a['path']}"
+                  for a in (lora or {}).get("adapters", []))
 
 
 def inventory_endpoints(name, entry, fleet):
@@ -155,7 +161,8 @@ def inventory_endpoints(name, entry, fleet):
     base = as_int(entry.get("base_port")) or 8000
     ports = assign_ports([r.get("port") for r in kept], base, [r.get("name") for r in kept],
                          kept_slots(entry.get("slots"), "port", base))
-    return [{"instance": r["name"], "model": r["model"], "port": p} for r, p in zip(kept, ports)
+    return [{"instance": r["name"], "model": r["model"], "port": p, "adapters": _adapters(r.get("lora"))}
+            for r, p in zip(kept, ports)
             if p is not None and (r.get("nodes") is None or serves_api_on(r.get("nodes"), name, fleet))]
 
 
@@ -186,7 +193,7 @@ def routed_policies(fleet):
 def _workers(fleet, model, router_host, endpoints):
     """[{host, instance, url}] of every instance of ``model`` in the fleet (one that spans hosts at its rank 0's host
     only), at the port of its host's plan (``endpoints``), and the problems."""
-    workers, problems = [], []
+    workers, problems, kinds = [], [], {}
     for name, entry in fleet.items():
         mine = [e for e in endpoints.get(name) or [] if e["model"] == model]
         if not mine:
@@ -197,6 +204,15 @@ def _workers(fleet, model, router_host, endpoints):
             continue
         workers += [dict({"host": name, "instance": e["instance"], "url": _url(address, e["port"])},
                          **({"listener": {"address": address, "port": e["port"]}} if listener else {})) for e in mine]
+        for e in mine:
+            kinds.setdefault(tuple(e.get("adapters") or ()), []).append(f"{name}/{e['instance']}")
+    # a request naming an adapter must reach a worker that serves it: every worker serves the same adapters
+    if len(kinds) > 1:
+        problems.append(f"the router of '{model}' on {router_host} would route to workers that serve different adapters ("
+                        + "; ".join(f"{', '.join(who)}: {', '.join(k) or 'none'}" for k, who in kinds.items())
+                        + f"), so a request naming an adapter could reach one without it; give every instance of "
+                          f"'{model}' the same adapters (their adapters key, and one vllm_models.{model}.adapters on "
+                          "every host), or serve the others under a model key of their own")
     return workers, problems
 
 

@@ -379,3 +379,35 @@ def test_nodes_that_do_not_resolve_serve_no_api_anywhere(nodes):
     view = issue39(instances=[SOLO])[0]
     assert not any(serves_api_on(nodes, h, view) for h in GPU_HOSTS)
     assert all(planned_on(nodes, h, view) for h in GPU_HOSTS)  # kept: each host's own plan refuses them
+
+
+# --------------------------------------------------------------------------- LoRA adapters behind a router (issue 40)
+
+ADAPTERS = {"lora-a": {"repo_id": "inferops-test/tiny-lora-a", "revision": "a" * 40, "rank": 8},
+            "lora-b": {"repo_id": "inferops-test/tiny-lora-b", "revision": "b" * 40, "rank": 16}}
+
+
+def test_a_routers_workers_serve_the_same_adapters_or_the_plan_refuses():
+    """A request naming an adapter may reach any worker of the model's router, so every worker serves the same
+    adapters: the same list passes; a worker that narrows its list (or a host whose vllm_models pins another revision)
+    is refused, naming the workers, what each serves and the fix."""
+    same = dict(MODELS, tiny=dict(MODELS["tiny"], adapters=ADAPTERS))
+    hv = hostvars(**{h: {"vllm_models": same} for h in ("mn-0", "mn-1")})
+    p0 = plan("mn-0", hv)
+    assert len(p0["routers"][0]["workers"]) == 2 and p0["instances"][0]["lora"]["max_lora_rank"] == 16
+
+    narrowed = hostvars(**{"mn-0": {"vllm_models": same},
+                           "mn-1": {"vllm_models": same, "vllm_instances": [dict(SOLO, adapters=["lora-a"])]}})
+    with pytest.raises(PlanContractError) as err:
+        plan("mn-0", narrowed)
+    assert ("the router of 'tiny' on mn-0 would route to workers that serve different adapters (mn-0/solo: "
+            f"lora-a=inferops-test/tiny-lora-a@{'a' * 40}, lora-b=inferops-test/tiny-lora-b@{'b' * 40}; mn-1/solo: "
+            f"lora-a=inferops-test/tiny-lora-a@{'a' * 40})") in str(err.value), str(err.value)
+    assert "give every instance of 'tiny' the same adapters" in str(err.value)
+
+    moved = dict(ADAPTERS, **{"lora-b": dict(ADAPTERS["lora-b"], revision="c" * 40)})
+    other = hostvars(**{"mn-0": {"vllm_models": same},
+                        "mn-1": {"vllm_models": dict(MODELS, tiny=dict(MODELS["tiny"], adapters=moved))}})
+    with pytest.raises(PlanContractError) as err:
+        plan("mn-0", other)
+    assert f"lora-b=inferops-test/tiny-lora-b@{'c' * 40}" in str(err.value)
