@@ -337,6 +337,11 @@ def test_the_base_model_and_each_adapter_answer_apart_through_the_front_door(hos
     assert inst["lora"]["max_lora_rank"] == 16 and inst["lora"]["max_loras"] == 2, inst["lora"]
     metrics = host.check_output(f"curl -sf -H @/run/fleet-lora-client.headers {inst['url']}/metrics")
     assert "vllm:lora_requests_info" in metrics
+    # an adapter nobody serves: the instance's own 404 through the front door, not a 5xx
+    unknown = host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' -H @/run/fleet-lora-client.headers "
+                                "-d '{\"model\": \"no-such-adapter\", \"prompt\": \"Hello\", \"max_tokens\": 2}' "
+                                f"http://127.0.0.1:{FRONTDOOR}/v1/completions")
+    assert unknown == "404", unknown
     # runtime loading is off, and the front door passes neither route: 404 with the key, 401 without
     for route in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         body = "-d '{\"lora_name\": \"x\", \"lora_path\": \"/tmp\"}'"
