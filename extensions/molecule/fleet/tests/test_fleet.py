@@ -374,8 +374,8 @@ def test_the_rollout_rolled_lora_a_to_its_next_revision_without_a_failed_request
 
 
 def test_an_adapter_of_another_model_is_refused_before_anything_changes(host, tmp_path):
-    """lora-bad was trained on another model (its adapter_config.json says so): site.yml on fleet-b with it added
-    fails in the weights stage, naming the adapter, its base and the fix; no link moved, no unit changed, the instance
+    """lora-bad was trained on another model (its adapter_config.json says so): site.yml (its weights stage) on fleet-b
+    with it added fails, naming the adapter, its base and the fix; no link moved, no unit changed, the instance
     kept running (same process)."""
     if _name(host) != "fleet-b":
         pytest.skip("fleet-b, the host the rollout never touched")
@@ -392,8 +392,9 @@ def test_an_adapter_of_another_model_is_refused_before_anything_changes(host, tm
                   "lora-bad": {"repo_id": "inferops-fleet/tiny-lora-bad", "revision": shas["lora-bad"], "rank": 8}})}}
     extra = tmp_path / "extra.json"
     extra.write_text(json.dumps(overrides))
-    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "--limit", "fleet-b", "-e", f"@{extra}",
-                           "inferops.vllm.site"], capture_output=True, text=True, timeout=900, check=False,
+    # the weights stage alone (with the preflight, which always runs): what a full run would do up to its refusal
+    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "--limit", "fleet-b", "--tags", "vllm_weights",
+                           "-e", f"@{extra}", "inferops.vllm.site"], capture_output=True, text=True, timeout=900, check=False,
                           env=dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0"))
     out = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr).split())
     assert proc.returncode != 0, out[-3000:]
