@@ -207,7 +207,13 @@ def test_verify_passes_once_the_stray_is_gone(host):
         pytest.skip("runs once, after the other hosts' tests")
     subprocess.run(["podman", "exec", "fleet-a", "rm", "/run/gpusim/stray.d/fleet-stray.json"], check=True)
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "inferops.vllm.verify"],
+    # the canary and fleet-a run version B's plan (lora-a at its next revision; fleet-a rolled back its venv only),
+    # fleet-b version A's: each is verified against its own (a second inventory source gives the first two B's models)
+    version_b = os.path.join(EPHEMERAL, "version-b-hosts.yml")
+    with open(version_b, "w") as fh:
+        yaml.safe_dump({"all": {"hosts": {h: {"vllm_models": _models("lora-a2")} for h in ("fleet-canary", "fleet-a")}}},
+                       fh)
+    proc = subprocess.run(["ansible-playbook", "-i", INVENTORY, "-i", version_b, "inferops.vllm.verify"],
                           capture_output=True, text=True, timeout=900, check=False, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     recap = re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout).split("PLAY RECAP")[-1]
@@ -308,6 +314,20 @@ ADAPTERS = sorted(_INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"]["adapt
 FRONTDOOR = _INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"]["frontdoor_port"]
 
 
+def _models(lora_a="lora-a", **more):
+    """The inventory's vllm_models with its revisions filled in (prepare.yml wrote them); lora-a at the revision
+    ``lora_a`` of adapters.json ("lora-a2": version B's), and ``more`` adapters (name -> the shas' key, rank 8)."""
+    with open(os.path.join(EPHEMERAL, "adapters.json")) as fh:
+        shas = json.load(fh)
+    with open(os.path.join(EPHEMERAL, "sha")) as fh:
+        sha = fh.read().strip()
+    adapters = {"lora-a": {"repo_id": "inferops-fleet/tiny-lora-a", "revision": shas[lora_a], "rank": 8},
+                "lora-b": {"repo_id": "inferops-fleet/tiny-lora-b", "revision": shas["lora-b"], "rank": 16}}
+    for name, key in more.items():
+        adapters[name] = {"repo_id": f"inferops-fleet/tiny-{name}", "revision": shas[key], "rank": 8}
+    return {"tiny": dict(_INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"], revision=sha, adapters=adapters)}
+
+
 def _door(host, path, body=None):
     """A request to the node's front door with the instances' key (read from the rollout client's header file, so the
     key is on no command line); the parsed JSON answer."""
@@ -384,12 +404,7 @@ def test_an_adapter_of_another_model_is_refused_before_anything_changes(host, tm
     (inst,) = plan["instances"]
     unit = f"/etc/systemd/system/{inst['unit']}"
     before = (host.file(unit).content_string, host.check_output(f"systemctl show -P MainPID {inst['unit']}"))
-    overrides = {"vllm_models": {"tiny": dict(
-        _INV["group_vars"]["vllm_nodes"]["vllm_models"]["tiny"],
-        revision=open(os.path.join(EPHEMERAL, "sha")).read().strip(),
-        adapters={"lora-a": {"repo_id": "inferops-fleet/tiny-lora-a", "revision": shas["lora-a"], "rank": 8},
-                  "lora-b": {"repo_id": "inferops-fleet/tiny-lora-b", "revision": shas["lora-b"], "rank": 16},
-                  "lora-bad": {"repo_id": "inferops-fleet/tiny-lora-bad", "revision": shas["lora-bad"], "rank": 8}})}}
+    overrides = {"vllm_models": _models(**{"lora-bad": "lora-bad"})}
     extra = tmp_path / "extra.json"
     extra.write_text(json.dumps(overrides))
     # the weights stage alone (with the preflight, which always runs): what a full run would do up to its refusal
