@@ -31,7 +31,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
     metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports, worker_frontdoors)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
     ROUTER_POLICIES, SCALE_OUT_FLAG, fleet_endpoints, fleet_routes, plan_routers, routed_policies, router_workers)
-from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, normalise
+from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, adapter_pins, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import (
     port_problems as multinode_port_problems,
     resolve as resolve_multinode,
@@ -506,10 +506,7 @@ def _lora_view(lora):
 def _pins(model, model_path, lora):
     """What an instance serves, pinned (its unit shows them): a new revision of the model or of an adapter changes the
     unit, so the instance restarts onto it behind the gate."""
-    pins = [f"{model['repo_id']}@{model['revision']}" if model["fetched"] else f"path {model_path}"]
-    for a in (lora or {}).get("adapters", []):
-        pins.append(f"{a['name']}={a['repo_id']}@{a['revision']}" if a["fetched"] else f"{a['name']}=path {a['path']}")
-    return pins
+    return [f"{model['repo_id']}@{model['revision']}" if model["fetched"] else f"path {model_path}"] + adapter_pins(lora)
 
 
 def _instances(placed, specs, records, models):

@@ -48,7 +48,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.values import (
 )
 
 __all__ = ["MODEL_KEYS", "INSTANCE_KEYS", "DEPRECATED_KEYS", "normalise", "model_path", "NAME_RE", "SHA_RE",
-           "LOWEST_PORT"]
+           "LOWEST_PORT", "adapter_pins", "lora_settings"]
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 #: The lowest port an instance can listen on: its unit drops every capability (no CAP_NET_BIND_SERVICE).
@@ -326,6 +326,13 @@ def _model_adapters(rec, where, models_dir, problems):
     if rec["max_loras"] is not None and rec["max_cpu_loras"] is not None and rec["max_cpu_loras"] < rec["max_loras"]:
         problems.append(f"{where}.max_cpu_loras is {rec['max_cpu_loras']}, below max_loras {rec['max_loras']}, which "
                         f"vLLM refuses at start; raise it to {rec['max_loras']} or more, or leave it out")
+
+
+def adapter_pins(lora):
+    """What an instance's adapters are, pinned (``inventory.lora_settings`` or the plan's ``lora``): ``name=repo@revision``
+    for a fetched adapter, ``name=path <dir>`` for one served from a path; in the instance's order."""
+    return [f"{a['name']}={a['repo_id']}@{a['revision']}" if a.get("fetched") else f"{a['name']}=path {a['path']}"
+            for a in (lora or {}).get("adapters", [])]
 
 
 def lora_settings(model, names):

@@ -33,7 +33,7 @@ without an address for it: a problem naming the variable to set.
 from __future__ import annotations
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import connect_host
-from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import normalise
+from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import adapter_pins, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import interface_ips, planned_on, serves_api_on
 from ansible_collections.inferops.vllm.plugins.plugin_utils.placement import assign_ports, kept_slots
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import LOOPBACK as _LOOPBACK, as_int
@@ -142,14 +142,9 @@ def _worker_address(name, entry, router_host):
 def plan_endpoints(instances):
     """The instances of a host's plan a router can route to: ``[{instance, model, port}]`` (those that serve the API
     on the host: single-host instances and rank 0 of one that spans hosts; a headless rank has no ``url``)."""
-    return [{"instance": i["name"], "model": i["model"]["key"], "port": i["port"], "adapters": _adapters(i.get("lora"))}
+    return [{"instance": i["name"], "model": i["model"]["key"], "port": i["port"],
+             "adapters": sorted(adapter_pins(i.get("lora")))}
             for i in instances if i.get("url") is not None and i.get("port") is not None]
-
-
-def _adapters(lora):
-    """The adapters an instance serves, as a router's workers must agree on them: ``name=repo@revision`` (or path)."""
-    return sorted(f"{a['name']}={a['repo_id']}@{a['revision']}" if a.get("fetched") else f"{a['name']}=path {a['path']}"
-                  for a in (lora or {}).get("adapters", []))
 
 
 def inventory_endpoints(name, entry, fleet):
@@ -161,7 +156,7 @@ def inventory_endpoints(name, entry, fleet):
     base = as_int(entry.get("base_port")) or 8000
     ports = assign_ports([r.get("port") for r in kept], base, [r.get("name") for r in kept],
                          kept_slots(entry.get("slots"), "port", base))
-    return [{"instance": r["name"], "model": r["model"], "port": p, "adapters": _adapters(r.get("lora"))}
+    return [{"instance": r["name"], "model": r["model"], "port": p, "adapters": sorted(adapter_pins(r.get("lora")))}
             for r, p in zip(kept, ports)
             if p is not None and (r.get("nodes") is None or serves_api_on(r.get("nodes"), name, fleet))]
 
