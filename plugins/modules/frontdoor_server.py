@@ -256,6 +256,22 @@ def _add(module, path, name, address, port, check):
     return True
 
 
+def _wait_up(module, path, name, start, timeout, interval, result, late):
+    """Wait (from ``start``) until HAProxy's checks see ``name`` UP, then exit with ``result``; fail at ``timeout``
+    saying what it is (``late``: how the message says it is not UP in time)."""
+    present, status, check = _status(module, path, name)
+    while status != "UP" and time.monotonic() - start < timeout:
+        time.sleep(interval)
+        present, status, check = _status(module, path, name)
+    result.update(waited=round(time.monotonic() - start, 1), status=status, present=present)
+    if status != "UP":
+        module.fail_json(msg=f"front door server {name}{late}: it is {status or 'gone'}"
+                             + (f" (last check {check})" if check else "")
+                             + "; HAProxy sends it no request. DOWN: the instance fails its /health check "
+                               "(see its journal).", **result)
+    module.exit_json(**result)
+
+
 def _wait_standby(module, path, backend, standby, timeout, interval, name):
     """Wait until one of ``standby`` (servers of ``backend``) is UP; fail naming their states when none comes UP."""
     start = time.monotonic()
@@ -346,18 +362,8 @@ def main():
             result.update(changed=False, added=False)
             module.exit_json(msg=f"the front door has no backend {module.params['backend']}: nothing to {state}",
                              **result)
-        start = time.monotonic()
-        present, status, check = _status(module, path, name)
-        while status != "UP" and time.monotonic() - start < timeout:
-            time.sleep(interval)
-            present, status, check = _status(module, path, name)
-        result.update(waited=round(time.monotonic() - start, 1), status=status, present=present)
-        if status != "UP":
-            module.fail_json(msg=f"front door server {name}, added to the running front door, is not UP {timeout} s "
-                                 f"later: it is {status or 'gone'}" + (f" (last check {check})" if check else "")
-                                 + "; HAProxy sends it no request. DOWN: the instance fails its /health check "
-                                   "(see its journal).", **result)
-        module.exit_json(**result)
+        _wait_up(module, path, name, time.monotonic(), timeout, interval, result,
+                 f", added to the running front door, is not UP {timeout} s later")
 
     if state == "drain":
         result["changed"] = before != "DRAIN"
@@ -397,17 +403,7 @@ def main():
         result.update(waited=round(time.monotonic() - start, 1), status=_status(module, path, name)[1])
         module.exit_json(**result)
 
-    present, status, check = _status(module, path, name)
-    while status != "UP" and time.monotonic() - start < timeout:
-        time.sleep(interval)
-        present, status, check = _status(module, path, name)
-    result.update(waited=round(time.monotonic() - start, 1), status=status, present=present)
-    if status != "UP":
-        module.fail_json(msg=f"front door server {name} is not UP {timeout} s after it was put back: it is "
-                             f"{status or 'gone'}" + (f" (last check {check})" if check else "")
-                             + "; HAProxy sends it no request. DOWN: the instance fails its /health check "
-                               "(see its journal).", **result)
-    module.exit_json(**result)
+    _wait_up(module, path, name, start, timeout, interval, result, f" is not UP {timeout} s after it was put back")
 
 
 if __name__ == "__main__":
