@@ -29,7 +29,7 @@ from __future__ import annotations
 from ansible_collections.inferops.vllm.plugins.module_utils.haproxy_runtime import server_states  # noqa: F401  pylint: disable=unused-import
 from ansible_collections.inferops.vllm.plugins.plugin_utils.edge import edge_policy
 
-__all__ = ["plan_frontdoors", "worker_frontdoors", "plan_node_exporter", "connect_host", "server_states", "taken_ports",
+__all__ = ["METRICS_PORTS", "plan_frontdoors", "worker_frontdoors", "plan_node_exporter", "connect_host", "server_states", "taken_ports",
            "router_frontdoor", "metrics_listener"]
 
 _WILDCARD = ("0.0.0.0", "", "*")
@@ -186,11 +186,16 @@ def plan_node_exporter(instances, frontdoors, metrics, bind_address, port, strid
             "url": _url(connect_host(bind_address), port) + "/metrics"}, problems
 
 
+#: The ports the front doors' metrics listener may take (0: none); the plan inputs' docs read it too.
+METRICS_PORTS = (1, 65535)
+
+
 def metrics_listener(frontdoors, taken, bind_address, port):
     """The metrics listener of the host's HAProxy for ``frontdoors`` (or None) and its problems."""
     where = "vllm_frontdoor_metrics_port"
-    if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or 1 <= port <= 65535):
-        return None, [f"{where} is {port!r}; use a TCP port number 1-65535, or 0 for no metrics listener"]
+    low, high = METRICS_PORTS
+    if isinstance(port, bool) or not isinstance(port, int) or not (port == 0 or low <= port <= high):
+        return None, [f"{where} is {port!r}; use a TCP port number {low}-{high}, or 0 for no metrics listener"]
     if not frontdoors or port == 0:
         return None, []
     problems = [f"{where} is {port}, which is {what}; give the front doors' metrics listener a port no instance uses"

