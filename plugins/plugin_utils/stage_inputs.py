@@ -13,7 +13,7 @@ import re
 
 from ansible_collections.inferops.vllm.plugins.plugin_utils.values import LOOPBACK, as_bool, as_int
 
-__all__ = ["INSTALL_INPUTS", "SERVICE_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS",
+__all__ = ["accepted", "INSTALL_INPUTS", "SERVICE_INPUTS", "VARIANTS", "VERSION_PATTERN", "WEIGHTS_INPUTS",
            "install_input_problems", "service_input_problems", "weights_input_problems"]
 
 #: Exact PEP 440 versions only (a release, optional pre/post/dev part): no ranges, no "latest".
@@ -82,9 +82,15 @@ def _bound_problems(values, host, bounds) -> list:
             continue
         num = as_int(values[name])  # a whole number written as such: 1.5 or "x" is refused, not truncated
         if num is None or num < low or (high is not None and num > high):
-            limit = f"from {low} to {high}" if high is not None else f"of at least {low}"
-            problems.append(f"host {host}: {name} is {_json(values[name])}; use a whole number {limit} ({what}).")
+            problems.append(f"host {host}: {name} is {_json(values[name])}; use {accepted(name)} ({what}).")
     return problems
+
+
+def accepted(name) -> str:
+    """What a whole-number setting of WEIGHTS_BOUNDS or SERVICE_BOUNDS accepts, as its message and its role's
+    argument spec (a unit test keeps the spec's "Accepted:" sentence equal to it) say it."""
+    low, high, _what = {**WEIGHTS_BOUNDS, **SERVICE_BOUNDS}[name]
+    return f"a whole number from {low} to {high}" if high is not None else f"a whole number of at least {low}"
 
 
 def install_input_problems(values, host) -> list:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from ansible_collections.inferops.vllm.plugins.filter.vllm_inventory import vllm_inventory_problems
 from ansible_collections.inferops.vllm.plugins.plugin_utils.stage_inputs import (
-    SERVICE_INPUTS, VARIANTS, WEIGHTS_INPUTS, install_input_problems, service_input_problems, weights_input_problems)
+    SERVICE_BOUNDS, SERVICE_INPUTS, VARIANTS, WEIGHTS_BOUNDS, WEIGHTS_INPUTS, accepted, install_input_problems,
+    service_input_problems, weights_input_problems)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
@@ -70,6 +71,25 @@ def test_the_inventory_validation_reports_them_with_every_other_problem():
 def test_any_value_gives_sentences_never_an_exception(values):
     for problem in install_input_problems(values, "h"):
         assert problem.startswith("host h: vllm_install_") and problem.endswith(".")
+
+
+def test_each_roles_argument_spec_says_the_bound_its_check_uses():
+    """issue 39: the bound a role's docs (its argument spec, and the README written from it) give a whole-number
+    setting is the one the check uses: the spec's "Accepted:" sentence is ``accepted(name)``, from the same row, and
+    the ends of the range pass the check while one step outside fails."""
+    for role, bounds, check in (("vllm_weights", WEIGHTS_BOUNDS, weights_input_problems),
+                                ("vllm_service", SERVICE_BOUNDS, service_input_problems)):
+        with open(os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml")) as handle:
+            options = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+        for name, (low, high, _what) in bounds.items():
+            doc = options[name]["description"]
+            doc = " ".join(doc) if isinstance(doc, list) else doc
+            assert f"Accepted: {accepted(name)}." in doc, (role, name, doc)
+            assert options[name]["type"] == "int", name
+            for good in (low, high if high is not None else low * 10 + 1000):
+                assert check({name: good}, "h") == [], (name, good)
+            for bad in (low - 1,) + ((high + 1,) if high is not None else ()):
+                assert check({name: bad}, "h") == [f'host h: {name} is "{bad}"; use {accepted(name)} ({_what}).']
 
 
 def test_the_weights_defaults_are_good_and_each_bad_setting_is_named_with_its_bound():
