@@ -42,26 +42,30 @@ def vllm_rank_groups(reports):
                                  "instances (its plan's), units (unit -> active, since) and queued") from exc
 
 
-def vllm_rollout_plan(hostvars, order, batches=None, hosts=None, groups=None):
-    """Rollout order and batch sizes that keep each instance spanning hosts in one batch; see vllm_rollout_plan.yml."""
-    from ansible_collections.inferops.vllm.plugins.plugin_utils.fleet_view import fleet_view  # pylint: disable=import-outside-toplevel
-    from ansible_collections.inferops.vllm.plugins.plugin_utils.host_plan import PLAN_INPUTS  # pylint: disable=import-outside-toplevel
+def vllm_rollout_plan(hostvars, order, batches=None, hosts=None, groups=None):  # pylint: disable=unused-argument
+    """Rollout order and batch sizes that keep each instance spanning hosts in one batch, the units read from the hosts'
+    plans (``vllm_preflight_plan``); see vllm_rollout_plan.yml. ``hosts`` and ``groups`` are accepted and not read
+    (the plans resolved ``nodes`` already)."""
     from ansible_collections.inferops.vllm.plugins.plugin_utils.rollout import rollout_plan  # pylint: disable=import-outside-toplevel
-    if not isinstance(order, (list, tuple)):
+    if not isinstance(order, (list, tuple)) or not all(isinstance(h, str) for h in order):
         raise AnsibleFilterError(f"vllm_rollout_plan: order must be a list of inventory host names, got {type(order).__name__}")
-    # without every inventory host and the groups, nodes given as a group or {group, count} would be resolved in
-    # another order than the plans resolve them (issue 39): refuse rather than guess
-    missing = [f"{name}={what}" for name, value, kinds, what in (("hosts", hosts, (list, tuple), "groups['all']"),
-                                                                 ("groups", groups, Mapping, "groups"))
-               if not isinstance(value, kinds)]
-    if missing:
-        raise AnsibleFilterError("vllm_rollout_plan: pass " + " and ".join(missing) + " (the inventory's hosts and "
-                                 "groups), so that the hosts of an instance spanning hosts are those its plan takes")
-    defaults = {name: PLAN_INPUTS[name][1] for name in _READ}
-    hosts = list(hosts)
-    fleet = fleet_view(hostvars, hosts, hosts, defaults, groups=groups)
+    if not isinstance(hostvars, Mapping):
+        raise AnsibleFilterError(f"vllm_rollout_plan: the input must be hostvars, got {type(hostvars).__name__}")
+    plans, unplanned = {}, []
+    for host in order:
+        plan = (hostvars.get(host) or {}).get("vllm_preflight_plan") if host in hostvars else None
+        if isinstance(plan, Mapping) and isinstance(plan.get("instances"), list):
+            plans[host] = plan
+        else:
+            unplanned.append(host)
+    if unplanned:
+        shown = ", ".join(unplanned[:5]) + (f" and {len(unplanned) - 5} more" if len(unplanned) > 5 else "")
+        raise AnsibleFilterError(
+            f"vllm_rollout_plan: {shown} {'has' if len(unplanned) == 1 else 'have'} no plan (vllm_preflight_plan) in "
+            "this play: run the role inferops.vllm.vllm_preflight on every host of the order first; the batches "
+            "keep the hosts of each instance that spans hosts together as their plans name them")
     try:
-        return rollout_plan(fleet, list(order), [1, "25%", "100%"] if batches is None else batches)
+        return rollout_plan(plans, list(order), [1, "25%", "100%"] if batches is None else batches)
     except (TypeError, ValueError) as exc:
         raise AnsibleFilterError(f"vllm_rollout_plan: vllm_rollout_batches must be a list of host counts or "
                                  f"percentages such as [1, '25%', '100%'] ({exc})") from exc

@@ -7,12 +7,14 @@
 rollout: ``rollout_plan`` orders the hosts so that each unit's hosts are adjacent (a unit with a canary
 host goes first with it) and grows a batch rather than split a unit. The batch sizes follow Ansible's
 ``serial`` rules (a percentage of all hosts, rounded down, at least 1; the last size repeats).
+
+The units are read from the hosts' plans (each plan's instances that span hosts name their hosts in rank order,
+``multinode.hosts``), never worked out again from the inventory: ``rollout.yml`` and ``maintenance.yml`` plan every
+host before they order the batches.
 """
 from __future__ import annotations
 
-from ansible_collections.inferops.vllm.plugins.plugin_utils.multinode import _hosts as instance_hosts
-
-__all__ = ["rollout_plan", "serial_sizes"]
+__all__ = ["rollout_plan", "serial_sizes", "spanned_hosts"]
 
 
 def _size(value, total) -> int:
@@ -34,8 +36,18 @@ def serial_sizes(batches, total) -> list:
     return sizes
 
 
-def _units(order, fleet):
-    """Hosts linked by instances that span hosts: host -> its unit's hosts (in rollout order)."""
+def spanned_hosts(plan) -> list:
+    """The host lists (rank order) of the instances of one host's plan that span hosts."""
+    out = []
+    for inst in (plan or {}).get("instances") or []:
+        hosts = ((inst or {}).get("multinode") or {}).get("hosts") if isinstance(inst, dict) else None
+        if isinstance(hosts, list) and len(hosts) > 1:
+            out.append([h for h in hosts if isinstance(h, str)])
+    return out
+
+
+def _units(order, plans):
+    """Hosts linked by instances that span hosts, as their plans say: host -> its unit's hosts (in rollout order)."""
     parent = {h: h for h in order}
 
     def find(h):
@@ -45,12 +57,7 @@ def _units(order, fleet):
         return h
 
     for host in order:
-        for rec in (fleet.get(host) or {}).get("instances") or []:
-            if not isinstance(rec, dict) or not rec.get("nodes"):
-                continue
-            hosts, problems = instance_hosts(rec, fleet, "")
-            if problems or not hosts:
-                continue  # the plan refuses it, naming the fix
+        for hosts in spanned_hosts(plans.get(host)):
             members = [h for h in hosts if h in parent]
             for other in members[1:]:
                 parent[find(other)] = find(members[0])
@@ -60,15 +67,15 @@ def _units(order, fleet):
     return {h: units[find(h)] for h in order}
 
 
-def rollout_plan(fleet, order, batches) -> dict:
-    """``order``: the rollout's hosts (canary first); ``fleet``: the fleet view (``fleet_view``).
+def rollout_plan(plans, order, batches) -> dict:
+    """``order``: the rollout's hosts (canary first); ``plans``: host -> its plan (``vllm_preflight_plan``).
 
     Returns ``order`` (hosts, each unit's hosts adjacent, units in the order of their first host),
     ``serial`` (the batch sizes to give ``serial``), ``batches`` (the hosts of each batch) and
     ``units`` (the units of more than one host).
     """
     order = list(dict.fromkeys(order))
-    unit_of = _units(order, fleet)
+    unit_of = _units(order, plans)
     ordered, seen = [], set()
     for host in order:
         if host not in seen:

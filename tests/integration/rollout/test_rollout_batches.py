@@ -21,12 +21,21 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 SHA = "5e1f00d0c0ffee0000000000000000000000cafe"
 
 
+def plan_of(instances):
+    """The part of a host's plan the batching reads (what the preflight sets as vllm_preflight_plan): an instance that
+    spans hosts names them, rank order, in ``multinode.hosts``."""
+    return {"instances": [dict(name=i["name"], **({"multinode": {"hosts": list(i["nodes"])}} if i.get("nodes") else {}))
+                          for i in instances]}
+
+
 def inventory(tmp_path, hosts, canary, instances):
-    """hosts: names in inventory order; instances: host -> vllm_instances."""
+    """hosts: names in inventory order; instances: host -> vllm_instances (each host's plan is given, as the skipped
+    preflight would make it)."""
     inv = {"all": {"children": {
         "vllm_nodes": {"hosts": {h: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                                      "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA}},
                                      "vllm_instances": instances.get(h, []),
+                                     "vllm_preflight_plan": plan_of(instances.get(h, [])),
                                      "vllm_service_network_interface": "eth0"} for h in hosts}},
         "canary": {"hosts": {h: {} for h in canary}},
     }}}
@@ -75,15 +84,24 @@ def test_serial_sizes_follow_ansible(batches, total, sizes):
     assert serial_sizes(batches, total) == sizes
 
 
-def test_group_and_count_nodes_and_overlapping_instances_make_one_unit():
-    fleet = {h: {"groups": ["vllm_nodes"] + (["pair"] if h in ("b", "c") else []), "instances": []}
-             for h in "abcde"}
-    fleet["b"]["instances"] = [{"name": "x", "nodes": {"group": "pair", "count": 2}}]
-    fleet["e"]["instances"] = [{"name": "y", "nodes": ["c", "e"]}]
-    plan = rollout_plan(fleet, list("abcde"), [1, 1, 1])
+def test_overlapping_instances_make_one_unit_as_the_plans_name_their_hosts():
+    plans = {h: {"instances": []} for h in "abcde"}
+    plans["b"]["instances"] = plans["c"]["instances"] = [{"name": "x", "multinode": {"hosts": ["b", "c"]}}]
+    plans["e"]["instances"] = [{"name": "y", "multinode": {"hosts": ["c", "e"]}}]
+    plans["c"]["instances"] = plans["c"]["instances"] + plans["e"]["instances"]
+    plan = rollout_plan(plans, list("abcde"), [1, 1, 1])
     assert plan["units"] == [["b", "c", "e"]]
     assert plan["batches"] == [["a"], ["b", "c", "e"], ["d"]] and plan["serial"] == [1, 3, 1]
     assert plan["order"] == list("abced")
+
+
+def test_the_filter_refuses_hosts_without_a_plan_naming_them():
+    from ansible.errors import AnsibleFilterError  # pylint: disable=import-outside-toplevel
+    from ansible_collections.inferops.vllm.plugins.filter.vllm_fleet_view import vllm_rollout_plan  # pylint: disable=import-outside-toplevel
+    hostvars = {"a": {"vllm_preflight_plan": {"instances": []}}, "b": {"vllm_instances": []}, "c": {}}
+    with pytest.raises(AnsibleFilterError, match=r"vllm_rollout_plan: b, c have no plan \(vllm_preflight_plan\)"):
+        vllm_rollout_plan(hostvars, ["a", "b", "c"])
+    assert vllm_rollout_plan(hostvars, ["a"])["batches"] == [["a"]]
 
 
 def test_every_host_is_planned_before_the_first_batch(tmp_path):
@@ -127,3 +145,39 @@ def test_every_host_is_planned_before_the_first_batch(tmp_path):
     # the router's line in the plans of both router hosts, made before r1's batch
     assert proc.stdout.count(workers) == 2, out[-4000:]
     assert proc.stdout.index(workers) < proc.stdout.index("This batch upgrades r1")
+
+
+def test_maintenance_check_orders_its_batches_from_the_plans(tmp_path):
+    """maintenance.yml plans every host (read-only), then orders the batches from those plans (canary first,
+    vllm_maintenance_max_unavailable hosts at a time) with the settings kept by its first play, says them, and in
+    check mode stops before any host is drained. Local stand-in hosts (simulated GPUs), action ``packages``."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nGPUSIM_PROC={empty} GPUSIM_STRAY_DIR={empty} GPUSIM_PROFILE=demo-2numa "
+                   f"exec {sys.executable} {os.path.join(ROOT, 'tests', 'gpusim', 'nvidia-smi')} \"$@\"\n")
+    smi.chmod(0o755)
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+              "vllm_preflight_nvidia_smi": str(smi), "vllm_preflight_min_free_gib": 0,
+              "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA}},
+              "vllm_service_api_key": "sk-maintenance-plans-0123456789ab"}
+    hosts = {h: dict(common, vllm_instances=[{"name": "chat", "model": "m", "port": 8001 + i}])
+             for i, h in enumerate(["m1", "m2", "m3"])}
+    path = tmp_path / "inventory.yml"
+    path.write_text(yaml.safe_dump({"all": {"children": {
+        "vllm_nodes": {"hosts": hosts}, "canary": {"hosts": {"m3": {}}}}}}))
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCALHOST_WARNING="false")
+    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(path),
+                           os.path.join(ROOT, "playbooks", "maintenance.yml"), "--check",
+                           "--skip-tags", "vllm_preflight_health",
+                           "-e", json.dumps({"vllm_maintenance_action": "packages",
+                                             "vllm_maintenance_max_unavailable": 2, "vllm_maintenance_reboot": False})],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert ("maintenance (packages), 2 batch(es), each host: cordoned (out of its front door and routers) -> drained "
+            "(units stopped) -> upgrading -> no reboot -> validating (GPU health) -> uncordoned (behind the gate)") in out
+    assert '"batch: m3, m1"' in out and '"batch: m2"' in out, out[-4000:]
+    assert [m.split(", ") for m in re.findall(r'"msg": "This batch maintains ([^"(]+?) \(check mode', out)] == [
+        ["m3", "m1"], ["m2"]], out[-4000:]

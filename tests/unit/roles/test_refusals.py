@@ -353,15 +353,15 @@ def test_group_and_count_follow_the_group_s_own_order():
     for host in fleet:
         del fleet[host]["group_positions"]
     assert plan_of("seed-2", [inst], fleet)["instances"][0]["multinode"]["hosts"] == ["seed-2", "seed-1"]
-    # the rollout batches group the same ranks
-    hostvars["seed-1"]["vllm_instances"] = [inst]
-    plan = vllm_rollout_plan(hostvars, ["seed-2", "seed-1", "seed-3"], [1, "100%"], hosts=groups["all"], groups=groups)
+    # the rollout batches group the same ranks, read from the hosts' plans
+    plans = {h: plan_of(h, [inst], fleet) for h in ("seed-1", "seed-2")}
+    hostvars = {h: {"vllm_preflight_plan": plans.get(h, {"instances": []})} for h in hostvars}
+    plan = vllm_rollout_plan(hostvars, ["seed-2", "seed-1", "seed-3"], [1, "100%"])
     assert plan["units"] == [["seed-2", "seed-1"]]
-    # not given the inventory's hosts and groups, the filter refuses (it used to guess hostvars' order: issue 39)
-    for kwargs, named in (({"groups": groups}, "hosts=groups['all']"), ({"hosts": groups["all"]}, "groups=groups"),
-                          ({}, "hosts=groups['all'] and groups=groups")):
-        with pytest.raises(AnsibleFilterError, match=re.escape("vllm_rollout_plan: pass " + named)):
-            vllm_rollout_plan(hostvars, ["seed-2", "seed-1", "seed-3"], [1, "100%"], **kwargs)
+    # a host without a plan is refused, named (the filter does not work the ranks out again from the inventory)
+    del hostvars["seed-3"]["vllm_preflight_plan"]
+    with pytest.raises(AnsibleFilterError, match=re.escape("vllm_rollout_plan: seed-3 has no plan (vllm_preflight_plan)")):
+        vllm_rollout_plan(hostvars, ["seed-2", "seed-1", "seed-3"], [1, "100%"])
 
 
 # --------------------------------------------------------------------------- any junk: messages, never an exception
