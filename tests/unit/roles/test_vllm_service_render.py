@@ -94,7 +94,7 @@ def deploy(tmp_path, host, instances, models=None, kernel_nodes=(0, 1), systemd_
     python.chmod(0o755)
     if online is None:
         online = compress_ints(c for g in facts["gpus"] for c in g["cpu_affinity"])
-    variable_of = {option: variable for variable, (option, _d, _doc) in PLAN_INPUTS.items()}
+    variable_of = {row.option: variable for variable, row in PLAN_INPUTS.items()}
     inputs = {"vllm_service_host": "127.0.0.1", "vllm_service_nccl_env": {"NCCL_P2P_LEVEL": "PXB"},
               "vllm_service_disable_custom_all_reduce": True}
     inputs.update({variable_of[k]: v for k, v in (spec_options or {}).items()})
