@@ -44,13 +44,30 @@ def inventory(tmp_path, hosts, canary, instances):
     return str(path)
 
 
-def batches_of(tmp_path, hosts, canary, instances, batches):
+def playbook(args, timeout):
+    """ansible-playbook with this checkout's collection (.build), no colour; returns the finished process."""
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCALHOST_WARNING="false")
     env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i",
-                           inventory(tmp_path, hosts, canary, instances), os.path.join(ROOT, "playbooks", "rollout.yml"),
-                           "--tags", "inferops-none", "--skip-tags", "vllm_preflight", "-e", json.dumps({"vllm_rollout_batches": batches})],
-                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook")] + args,
+                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+def simulated_host(tmp_path):
+    """The variables of a local stand-in host whose GPUs are the simulator's (profile demo-2numa, idle)."""
+    empty = tmp_path / "empty"
+    empty.mkdir(exist_ok=True)
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nGPUSIM_PROC={empty} GPUSIM_STRAY_DIR={empty} GPUSIM_PROFILE=demo-2numa "
+                   f"exec {sys.executable} {os.path.join(ROOT, 'tests', 'gpusim', 'nvidia-smi')} \"$@\"\n")
+    smi.chmod(0o755)
+    return {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "vllm_preflight_nvidia_smi": str(smi), "vllm_preflight_min_free_gib": 0}
+
+
+def batches_of(tmp_path, hosts, canary, instances, batches):
+    proc = playbook(["-i", inventory(tmp_path, hosts, canary, instances), os.path.join(ROOT, "playbooks", "rollout.yml"),
+                     "--tags", "inferops-none", "--skip-tags", "vllm_preflight",
+                     "-e", json.dumps({"vllm_rollout_batches": batches})], timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [m.split(", ") for m in re.findall(r'"msg": "This batch upgrades ([^"]+)"', proc.stdout)]
 
@@ -112,14 +129,7 @@ def test_every_host_is_planned_before_the_first_batch(tmp_path):
     (or vllm_service_network_interface) on r2", with the interface set), and the canary was rolled back. The
     stand-in hosts are local (simulated GPUs, the loopback interface: every host has its address, so the ports tell
     the workers apart); the run stops after the plans (``--tags vllm_preflight``)."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nGPUSIM_PROC={empty} GPUSIM_STRAY_DIR={empty} GPUSIM_PROFILE=demo-2numa "
-                   f"exec {sys.executable} {os.path.join(ROOT, 'tests', 'gpusim', 'nvidia-smi')} \"$@\"\n")
-    smi.chmod(0o755)
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-              "vllm_preflight_nvidia_smi": str(smi), "vllm_preflight_min_free_gib": 0,
+    common = {**simulated_host(tmp_path),
               "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA, "router_port": 8300}},
               "vllm_service_api_key": "sk-rollout-plans-0123456789abcdef",
               "vllm_service_network_interface": "lo", "vllm_frontdoor_bind_address": "0.0.0.0"}
@@ -129,13 +139,11 @@ def test_every_host_is_planned_before_the_first_batch(tmp_path):
     path.write_text(yaml.safe_dump({"all": {"children": {
         "vllm_nodes": {"hosts": hosts}, "canary": {"hosts": {"r1": {}}},
         "vllm_routers": {"hosts": {"r1": {}, "r2": {}}}}}}))
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCALHOST_WARNING="false")
-    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(path),
-                           os.path.join(ROOT, "playbooks", "rollout.yml"), "--tags", "vllm_preflight",
-                           "--skip-tags", "vllm_preflight_health", "-e", "vllm_preflight_show_plan=true",
-                           "-e", json.dumps({"vllm_rollout_batches": [1, 1, 1]})],
-                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    proc = playbook(["-i", str(path),
+                     os.path.join(ROOT, "playbooks", "rollout.yml"), "--tags", "vllm_preflight",
+                     "--skip-tags", "vllm_preflight_health", "-e", "vllm_preflight_show_plan=true",
+                     "-e", json.dumps({"vllm_rollout_batches": [1, 1, 1]})],
+                    timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert [m.split(", ") for m in re.findall(r'"msg": "This batch upgrades ([^"]+)"', proc.stdout)] == [
@@ -151,14 +159,7 @@ def test_maintenance_check_orders_its_batches_from_the_plans(tmp_path):
     """maintenance.yml plans every host (read-only), then orders the batches from those plans (canary first,
     vllm_maintenance_max_unavailable hosts at a time) with the settings kept by its first play, says them, and in
     check mode stops before any host is drained. Local stand-in hosts (simulated GPUs), action ``packages``."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\nGPUSIM_PROC={empty} GPUSIM_STRAY_DIR={empty} GPUSIM_PROFILE=demo-2numa "
-                   f"exec {sys.executable} {os.path.join(ROOT, 'tests', 'gpusim', 'nvidia-smi')} \"$@\"\n")
-    smi.chmod(0o755)
-    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-              "vllm_preflight_nvidia_smi": str(smi), "vllm_preflight_min_free_gib": 0,
+    common = {**simulated_host(tmp_path),
               "vllm_models": {"m": {"repo_id": "org/m", "revision": SHA}},
               "vllm_service_api_key": "sk-maintenance-plans-0123456789ab"}
     hosts = {h: dict(common, vllm_instances=[{"name": "chat", "model": "m", "port": 8001 + i}])
@@ -166,14 +167,12 @@ def test_maintenance_check_orders_its_batches_from_the_plans(tmp_path):
     path = tmp_path / "inventory.yml"
     path.write_text(yaml.safe_dump({"all": {"children": {
         "vllm_nodes": {"hosts": hosts}, "canary": {"hosts": {"m3": {}}}}}}))
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_LOCALHOST_WARNING="false")
-    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".build") + os.pathsep + env.get("ANSIBLE_COLLECTIONS_PATH", "")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(path),
-                           os.path.join(ROOT, "playbooks", "maintenance.yml"), "--check",
-                           "--skip-tags", "vllm_preflight_health",
-                           "-e", json.dumps({"vllm_maintenance_action": "packages",
-                                             "vllm_maintenance_max_unavailable": 2, "vllm_maintenance_reboot": False})],
-                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    proc = playbook(["-i", str(path),
+                     os.path.join(ROOT, "playbooks", "maintenance.yml"), "--check",
+                     "--skip-tags", "vllm_preflight_health",
+                     "-e", json.dumps({"vllm_maintenance_action": "packages",
+                                       "vllm_maintenance_max_unavailable": 2, "vllm_maintenance_reboot": False})],
+                    timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert ("maintenance (packages), 2 batch(es), each host: cordoned (out of its front door and routers) -> drained "
